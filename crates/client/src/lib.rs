@@ -1,0 +1,1 @@
+//! haven-client (placeholder, being written)

@@ -1,0 +1,1 @@
+//! haven-engine (placeholder, being written)

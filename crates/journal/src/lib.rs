@@ -1,0 +1,1 @@
+//! haven-journal (placeholder, being written)

@@ -1,0 +1,1 @@
+//! haven-server (placeholder, being written)

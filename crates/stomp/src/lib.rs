@@ -1,0 +1,1 @@
+//! haven-stomp (placeholder, being written)

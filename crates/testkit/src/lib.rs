@@ -1,0 +1,1 @@
+//! haven-testkit (placeholder, being written)
