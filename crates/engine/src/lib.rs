@@ -1,1 +1,35 @@
-//! haven-engine (placeholder, being written)
+//! The broker engine: a deterministic state machine that owns destinations, messages,
+//! subscriptions, transactions, redelivery and the dead-letter queue.
+//!
+//! It does no I/O, reads no clock and uses no randomness: time and the next log position are
+//! inputs ([`Ctx`]); commands go in, and an ordered list of [`Output`]s comes out — records to
+//! append to the durable log and effects for the outside world (deliver a message, send a
+//! receipt). Because it is deterministic, the same engine is rebuilt after a crash by
+//! [`Engine::replay`]ing the log, and can later be applied on every replica.
+//!
+//! The engine applies a command to its in-memory state at once ("speculatively") and emits the
+//! record that makes it durable, followed by the effects. The caller must not release an
+//! effect to the outside world until every record emitted before it is durable; if the log
+//! cannot be made durable the process must stop, which discards the speculative state. This
+//! gives the rule of the architecture — nothing is acknowledged or dispatched before the log
+//! has it — while one pipeline serves every topology.
+
+mod command;
+mod config;
+mod effect;
+mod engine;
+mod error;
+mod live;
+mod message;
+mod queue;
+pub mod record;
+mod types;
+
+pub use command::{AckRef, Command, NewMessage};
+pub use config::{DlqPolicy, EngineConfig};
+pub use effect::{Delivery, Effect, Output};
+pub use engine::{Ctx, Engine, QueueStats};
+pub use error::EngineError;
+pub use message::Message;
+pub use record::Record;
+pub use types::{AckMode, ConnId, Destination, DestinationError, QueueKey};

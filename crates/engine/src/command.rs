@@ -1,0 +1,87 @@
+//! What the edges ask of the engine. One command per client frame that changes broker state,
+//! plus connection lifecycle and flow-control credit.
+
+use crate::types::{AckMode, ConnId, Destination};
+use bytes::Bytes;
+
+/// A SEND's content before the broker has numbered it.
+#[derive(Clone, Debug)]
+pub struct NewMessage {
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    pub persistent: bool,
+    pub priority: u8,
+    pub expires_ms: u64,
+}
+
+/// Which delivery an ACK or NACK names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AckRef {
+    /// STOMP 1.2: the `ack` header of the MESSAGE, a per-connection delivery tag.
+    Tag(u64),
+    /// STOMP 1.0/1.1: `message-id`, and in 1.1 the `subscription`.
+    MessageId { message_id: String, subscription: Option<String> },
+}
+
+#[derive(Clone, Debug)]
+pub enum Command {
+    /// A connection finished the CONNECT handshake.
+    Connect { conn: ConnId, client_id: Option<String> },
+    /// The connection is gone (socket closed, ERROR sent, or DISCONNECT). Idempotent. Unacked
+    /// messages are redelivered, transactions rolled back, temporary destinations deleted.
+    Close { conn: ConnId, receipt: Option<String> },
+    Subscribe {
+        conn: ConnId,
+        sub_id: String,
+        destination: Destination,
+        ack: AckMode,
+        /// Most unacknowledged messages dispatched to this subscription at once.
+        prefetch: u32,
+        /// `activemq.subscriptionName` on a topic: a durable subscription.
+        durable_name: Option<String>,
+        receipt: Option<String>,
+    },
+    Unsubscribe {
+        conn: ConnId,
+        sub_id: String,
+        /// With `activemq.subscriptionName`, the durable subscription is removed for good.
+        durable_name: Option<String>,
+        receipt: Option<String>,
+    },
+    Send {
+        conn: ConnId,
+        destination: Destination,
+        message: NewMessage,
+        transaction: Option<String>,
+        receipt: Option<String>,
+    },
+    Ack { conn: ConnId, ack: AckRef, transaction: Option<String>, receipt: Option<String> },
+    Nack { conn: ConnId, ack: AckRef, transaction: Option<String>, receipt: Option<String> },
+    Begin { conn: ConnId, transaction: String, receipt: Option<String> },
+    Commit { conn: ConnId, transaction: String, receipt: Option<String> },
+    Abort { conn: ConnId, transaction: String, receipt: Option<String> },
+    /// The connection wrote `count` MESSAGE frames of an auto-ack subscription to its socket:
+    /// that much prefetch credit comes back.
+    Credit { conn: ConnId, sub_id: String, count: u32 },
+    /// A frame that changes nothing but asked for a receipt (kept in order with the rest).
+    Receipt { conn: ConnId, receipt: String },
+}
+
+impl Command {
+    pub fn conn(&self) -> ConnId {
+        match self {
+            Command::Connect { conn, .. }
+            | Command::Close { conn, .. }
+            | Command::Subscribe { conn, .. }
+            | Command::Unsubscribe { conn, .. }
+            | Command::Send { conn, .. }
+            | Command::Ack { conn, .. }
+            | Command::Nack { conn, .. }
+            | Command::Begin { conn, .. }
+            | Command::Commit { conn, .. }
+            | Command::Abort { conn, .. }
+            | Command::Credit { conn, .. }
+            | Command::Receipt { conn, .. } => *conn,
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! Engine settings; the server maps `haven.toml` onto these.
+
+/// Where messages go after too many failed deliveries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DlqPolicy {
+    /// One queue for everything (ActiveMQ's default `ActiveMQ.DLQ`).
+    Shared(String),
+    /// `<prefix><destination name>`, e.g. `DLQ.orders` (ActiveMQ's individual DLQ strategy).
+    PerDestination { prefix: String },
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// A delivery that fails (NACK, or the connection closed before ACK) is retried this many
+    /// times; the next failure moves the message to the DLQ. ActiveMQ's default is 6.
+    pub redeliveries_max: u32,
+    pub dlq: DlqPolicy,
+    /// Prefetch when SUBSCRIBE has no `activemq.prefetchSize`.
+    pub prefetch_default: u32,
+    /// Upper bound on `activemq.prefetchSize`.
+    pub prefetch_max: u32,
+    /// SENDs plus ACKs one transaction may hold.
+    pub transaction_ops_max: usize,
+    pub transactions_per_connection_max: usize,
+    pub subscriptions_per_connection_max: usize,
+    /// Messages buffered for one non-durable topic subscriber that is not keeping up; beyond
+    /// this the oldest are discarded (they are not stored anywhere else).
+    pub topic_subscriber_pending_max: usize,
+    /// Distinguishes non-persistent message ids across restarts.
+    pub boot_id: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            redeliveries_max: 6,
+            dlq: DlqPolicy::Shared("ActiveMQ.DLQ".to_string()),
+            prefetch_default: 1000,
+            prefetch_max: 65_536,
+            transaction_ops_max: 100_000,
+            transactions_per_connection_max: 1_000,
+            subscriptions_per_connection_max: 10_000,
+            topic_subscriber_pending_max: 100_000,
+            boot_id: 0,
+        }
+    }
+}

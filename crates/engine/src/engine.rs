@@ -1,0 +1,1045 @@
+//! The broker state machine. See the crate docs for the contract with the caller.
+//!
+//! Ownership: every queue lives in `queues` (an arena indexed by `QueueId`); connections hold
+//! subscriptions that point at queues by id; `stored` tracks, for each persistent message held
+//! by a durable queue, which durable queues hold it and the LSN of the record describing it.
+
+use crate::command::{AckRef, Command, NewMessage};
+use crate::config::{DlqPolicy, EngineConfig};
+use crate::effect::{Delivery, Effect, Output};
+use crate::error::EngineError;
+use crate::live::{LiveObject, LiveSet};
+use crate::message::Message;
+use crate::queue::{Entry, InFlight, Queue, QueueId};
+use crate::record::Record;
+use crate::types::{AckMode, ConnId, Destination, QueueKey};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// Inputs the engine may not take from the world itself.
+#[derive(Clone, Copy, Debug)]
+pub struct Ctx {
+    /// Milliseconds since the Unix epoch.
+    pub now_ms: u64,
+    /// The LSN the log will give the next record appended.
+    pub next_lsn: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueStats {
+    pub key: QueueKey,
+    pub ready: usize,
+    pub inflight: usize,
+    pub consumers: usize,
+}
+
+#[derive(Debug)]
+struct Sub {
+    queue: QueueId,
+    ack: AckMode,
+    prefetch: u32,
+    /// Dispatched and not yet acknowledged (or, for auto-ack, not yet written out).
+    inflight: u32,
+    /// Unacknowledged deliveries in order: tag → message seq (not used for auto-ack).
+    tags: BTreeMap<u64, u64>,
+    /// seq → tag, for STOMP 1.0/1.1 ACKs that name a message-id.
+    seq_tags: HashMap<u64, u64>,
+    durable: Option<(String, String)>,
+    /// Private buffer of a non-durable topic subscription, deleted with it.
+    private_queue: bool,
+    topic: Option<Destination>,
+}
+
+#[derive(Debug, Default)]
+struct Tx {
+    sends: Vec<(Destination, NewMessage)>,
+    /// Deliveries acknowledged (true) or refused (false) inside the transaction.
+    acks: Vec<(u64, bool)>,
+    acked_tags: BTreeSet<u64>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    client_id: Option<String>,
+    subs: HashMap<String, Sub>,
+    /// tag → (subscription id, seq)
+    deliveries: HashMap<u64, (String, u64)>,
+    next_tag: u64,
+    txs: HashMap<String, Tx>,
+    temp_queues: Vec<QueueId>,
+}
+
+#[derive(Debug)]
+struct Stored {
+    msg: Arc<Message>,
+    lsn: u64,
+    holders: Vec<QueueKey>,
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    queues: Vec<Option<Queue>>,
+    free_queue_ids: Vec<QueueId>,
+    queue_ids: HashMap<QueueKey, QueueId>,
+    /// Topic (or temporary topic) → the queues its messages are copied into.
+    topics: HashMap<Destination, Vec<QueueId>>,
+    conns: HashMap<ConnId, Conn>,
+    client_ids: HashMap<String, ConnId>,
+    stored: HashMap<u64, Stored>,
+    live: LiveSet,
+    next_seq: u64,
+    /// Output of the call in progress.
+    out: Vec<Output>,
+    /// LSN the next record emitted in this call gets.
+    lsn: u64,
+    now_ms: u64,
+    /// Durable removes gathered during one call, logged together at its end.
+    removes: BTreeMap<QueueKey, Vec<u64>>,
+    /// Queues that may be able to dispatch at the end of the call.
+    to_dispatch: BTreeSet<QueueId>,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Engine {
+        Engine {
+            cfg,
+            queues: Vec::new(),
+            free_queue_ids: Vec::new(),
+            queue_ids: HashMap::new(),
+            topics: HashMap::new(),
+            conns: HashMap::new(),
+            client_ids: HashMap::new(),
+            stored: HashMap::new(),
+            live: LiveSet::default(),
+            next_seq: 1,
+            out: Vec::new(),
+            lsn: 0,
+            now_ms: 0,
+            removes: BTreeMap::new(),
+            to_dispatch: BTreeSet::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Commands
+
+    /// Applies one command. On `Err` nothing changed and nothing was output; the caller reports
+    /// the error to the client.
+    pub fn handle(&mut self, cmd: Command, ctx: Ctx, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        assert!(self.out.is_empty() && self.removes.is_empty() && self.to_dispatch.is_empty());
+        self.lsn = ctx.next_lsn;
+        self.now_ms = ctx.now_ms;
+        let conn = cmd.conn();
+        if !matches!(cmd, Command::Connect { .. } | Command::Close { .. }) && !self.conns.contains_key(&conn) {
+            return Err(EngineError::UnknownConnection);
+        }
+        let receipt = match cmd {
+            Command::Connect { conn, client_id } => {
+                self.connect(conn, client_id)?;
+                None
+            }
+            Command::Close { conn, receipt } => {
+                self.close(conn);
+                receipt
+            }
+            Command::Subscribe { conn, sub_id, destination, ack, prefetch, durable_name, receipt } => {
+                self.subscribe(conn, sub_id, destination, ack, prefetch, durable_name)?;
+                receipt
+            }
+            Command::Unsubscribe { conn, sub_id, durable_name, receipt } => {
+                self.unsubscribe(conn, &sub_id, durable_name)?;
+                receipt
+            }
+            Command::Send { conn, destination, message, transaction, receipt } => {
+                match transaction {
+                    Some(tx) => self.tx_push_send(conn, &tx, destination, message)?,
+                    None => self.send(destination, message),
+                }
+                receipt
+            }
+            Command::Ack { conn, ack, transaction, receipt } => {
+                self.ack(conn, &ack, transaction, true)?;
+                receipt
+            }
+            Command::Nack { conn, ack, transaction, receipt } => {
+                self.ack(conn, &ack, transaction, false)?;
+                receipt
+            }
+            Command::Begin { conn, transaction, receipt } => {
+                let c = self.conns.get_mut(&conn).expect("checked");
+                if c.txs.contains_key(&transaction) {
+                    return Err(EngineError::TransactionExists(transaction));
+                }
+                if c.txs.len() >= self.cfg.transactions_per_connection_max {
+                    return Err(EngineError::TooManyTransactions(self.cfg.transactions_per_connection_max));
+                }
+                c.txs.insert(transaction, Tx::default());
+                receipt
+            }
+            Command::Commit { conn, transaction, receipt } => {
+                self.commit(conn, &transaction)?;
+                receipt
+            }
+            Command::Abort { conn, transaction, receipt } => {
+                let tx = self.conns.get_mut(&conn).expect("checked").txs.remove(&transaction);
+                let tx = tx.ok_or(EngineError::UnknownTransaction(transaction))?;
+                self.rollback(conn, tx);
+                receipt
+            }
+            Command::Credit { conn, sub_id, count } => {
+                let c = self.conns.get_mut(&conn).expect("checked");
+                // Credit may arrive after its subscription was replaced by another with the same
+                // id; only auto-ack subscriptions take it.
+                if let Some(sub) = c.subs.get_mut(&sub_id).filter(|s| s.ack == AckMode::Auto) {
+                    sub.inflight = sub.inflight.saturating_sub(count);
+                    self.to_dispatch.insert(sub.queue);
+                }
+                None
+            }
+            Command::Receipt { receipt, .. } => Some(receipt),
+        };
+        self.finish();
+        if let Some(receipt) = receipt {
+            self.out.push(Output::Effect(Effect::Receipt { conn, receipt }));
+        }
+        out.append(&mut self.out);
+        Ok(())
+    }
+
+    /// Dispatches what became possible and logs the removes gathered during the call.
+    fn finish(&mut self) {
+        // Dispatching can add removes (auto-ack, expiry) and more dispatchable queues never,
+        // so one pass suffices.
+        let queues = std::mem::take(&mut self.to_dispatch);
+        for q in queues {
+            if self.queues.get(q).is_some_and(Option::is_some) {
+                self.dispatch(q);
+            }
+        }
+        assert!(self.to_dispatch.is_empty());
+        let removes = std::mem::take(&mut self.removes);
+        for (queue, seqs) in removes {
+            self.log(Record::Remove { queue, seqs });
+        }
+    }
+
+    fn log(&mut self, record: Record) -> u64 {
+        let lsn = self.lsn;
+        self.lsn += 1;
+        self.out.push(Output::Log(record));
+        lsn
+    }
+
+    fn connect(&mut self, conn: ConnId, client_id: Option<String>) -> Result<(), EngineError> {
+        assert!(!self.conns.contains_key(&conn), "connection {conn} connected twice");
+        if let Some(id) = &client_id {
+            if self.client_ids.contains_key(id) {
+                return Err(EngineError::ClientIdInUse(id.clone()));
+            }
+            self.client_ids.insert(id.clone(), conn);
+        }
+        self.conns.insert(
+            conn,
+            Conn {
+                client_id,
+                subs: HashMap::new(),
+                deliveries: HashMap::new(),
+                next_tag: 1,
+                txs: HashMap::new(),
+                temp_queues: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let txs: Vec<Tx> = c.txs.drain().map(|(_, t)| t).collect();
+        let sub_ids: Vec<String> = c.subs.keys().cloned().collect();
+        for tx in txs {
+            self.rollback(conn, tx);
+        }
+        for sub_id in sub_ids {
+            self.drop_subscription(conn, &sub_id);
+        }
+        let c = self.conns.remove(&conn).expect("present");
+        assert!(c.deliveries.is_empty(), "deliveries left after every subscription was dropped");
+        if let Some(id) = c.client_id {
+            self.client_ids.remove(&id);
+        }
+        for q in c.temp_queues {
+            let mut queue = self.remove_queue(q);
+            assert!(queue.consumers.is_empty(), "only the owner consumes a temporary queue");
+            drop(queue.drain_all());
+        }
+        self.topics.retain(|d, _| !matches!(d, Destination::TempTopic { owner, .. } if *owner == conn));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn subscribe(
+        &mut self,
+        conn: ConnId,
+        sub_id: String,
+        destination: Destination,
+        ack: AckMode,
+        prefetch: u32,
+        durable_name: Option<String>,
+    ) -> Result<(), EngineError> {
+        let c = &self.conns[&conn];
+        if c.subs.contains_key(&sub_id) {
+            return Err(EngineError::DuplicateSubscription(sub_id));
+        }
+        if c.subs.len() >= self.cfg.subscriptions_per_connection_max {
+            return Err(EngineError::TooManySubscriptions(self.cfg.subscriptions_per_connection_max));
+        }
+        if let Destination::TempQueue { owner, .. } | Destination::TempTopic { owner, .. } = &destination {
+            if *owner != conn {
+                return Err(EngineError::NotOwner);
+            }
+        }
+        let prefetch = prefetch.clamp(1, self.cfg.prefetch_max);
+        let mut durable = None;
+        let mut private_queue = false;
+        let mut topic = None;
+        let queue = match (&destination, durable_name) {
+            (Destination::Topic(name), Some(dname)) => {
+                let client_id = c.client_id.clone().ok_or(EngineError::DurableNeedsClientId)?;
+                let key = QueueKey::Durable { client_id: client_id.clone(), name: dname.clone() };
+                if let Some(&q) = self.queue_ids.get(&key) {
+                    if !self.queue(q).consumers.is_empty() {
+                        return Err(EngineError::DurableInUse(dname));
+                    }
+                }
+                let unchanged = self
+                    .queue_ids
+                    .get(&key)
+                    .is_some_and(|&q| self.queue(q).topic.as_deref() == Some(name.as_str()));
+                if !unchanged {
+                    let lsn = self.log(
+                        Record::DurableSubscribe { client_id: client_id.clone(), name: dname.clone(), topic: name.clone() },
+                    );
+                    self.apply_durable_subscribe(&client_id, &dname, name, lsn);
+                }
+                durable = Some((client_id, dname));
+                self.queue_ids[&key]
+            }
+            (d, Some(_)) if !d.is_topic() => return Err(EngineError::DurableNotTopic(d.to_string())),
+            (Destination::TempTopic { .. }, Some(_)) => return Err(EngineError::DurableNotTopic(destination.to_string())),
+            (Destination::Topic(_) | Destination::TempTopic { .. }, None) => {
+                let q = self.add_queue(QueueKey::TopicSub { conn, sub_id: sub_id.clone() });
+                self.topics.entry(destination.clone()).or_default().push(q);
+                private_queue = true;
+                topic = Some(destination.clone());
+                q
+            }
+            (Destination::Queue(name), _) => self.queue_for(QueueKey::Queue(name.clone())),
+            (Destination::TempQueue { owner, name }, _) => self.temp_queue(*owner, name),
+        };
+        self.queue_mut(queue).consumers.push((conn, sub_id.clone()));
+        let sub = Sub {
+            queue,
+            ack,
+            prefetch,
+            inflight: 0,
+            tags: BTreeMap::new(),
+            seq_tags: HashMap::new(),
+            durable,
+            private_queue,
+            topic,
+        };
+        self.conns.get_mut(&conn).expect("checked").subs.insert(sub_id, sub);
+        self.to_dispatch.insert(queue);
+        Ok(())
+    }
+
+    fn unsubscribe(&mut self, conn: ConnId, sub_id: &str, durable_name: Option<String>) -> Result<(), EngineError> {
+        let c = &self.conns[&conn];
+        let sub_durable = c.subs.get(sub_id).map(|s| s.durable.clone());
+        match (sub_durable, durable_name) {
+            (None, None) => return Err(EngineError::UnknownSubscription(sub_id.to_string())),
+            (None, Some(dname)) => {
+                // Removing an inactive durable subscription by name.
+                let client_id = c.client_id.clone().ok_or(EngineError::DurableNeedsClientId)?;
+                let key = QueueKey::Durable { client_id: client_id.clone(), name: dname.clone() };
+                let Some(&q) = self.queue_ids.get(&key) else { return Err(EngineError::UnknownDurable(dname)) };
+                if !self.queue(q).consumers.is_empty() {
+                    return Err(EngineError::DurableInUse(dname));
+                }
+                let lsn = self.log(Record::DurableUnsubscribe { client_id: client_id.clone(), name: dname.clone() });
+                let _ = lsn;
+                self.apply_durable_unsubscribe(&client_id, &dname);
+            }
+            (Some(durable), dname) => {
+                self.drop_subscription(conn, sub_id);
+                if let (Some((client_id, name)), Some(_)) = (durable, dname) {
+                    self.log(Record::DurableUnsubscribe { client_id: client_id.clone(), name: name.clone() });
+                    self.apply_durable_unsubscribe(&client_id, &name);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches a subscription: its unacknowledged messages go back for redelivery and a
+    /// non-durable topic subscriber's buffer is discarded.
+    fn drop_subscription(&mut self, conn: ConnId, sub_id: &str) {
+        let c = self.conns.get_mut(&conn).expect("known connection");
+        let tags: Vec<u64> = c.subs[sub_id].tags.keys().copied().collect();
+        for tag in tags {
+            self.release(conn, tag);
+        }
+        let c = self.conns.get_mut(&conn).expect("known connection");
+        let sub = c.subs.remove(sub_id).expect("known subscription");
+        assert!(sub.tags.is_empty() && sub.seq_tags.is_empty());
+        let q = self.queue_mut(sub.queue);
+        q.consumers.retain(|(cc, s)| !(*cc == conn && s == sub_id));
+        q.next_consumer = 0;
+        if sub.private_queue {
+            let topic = sub.topic.expect("private queues belong to topics");
+            if let Some(list) = self.topics.get_mut(&topic) {
+                list.retain(|&x| x != sub.queue);
+                if list.is_empty() {
+                    self.topics.remove(&topic);
+                }
+            }
+            let mut queue = self.remove_queue(sub.queue);
+            drop(queue.drain_all());
+        } else {
+            self.to_dispatch.insert(sub.queue);
+        }
+    }
+
+    fn send(&mut self, destination: Destination, message: NewMessage) {
+        let msg = self.number(&destination, message);
+        let lsn = self.lsn;
+        let holders = self.route(&destination, msg.clone(), lsn);
+        if !holders.is_empty() {
+            let logged = self.log(Record::Store { message: msg, holders });
+            assert_eq!(logged, lsn);
+        }
+    }
+
+    /// Gives a SEND its broker identity.
+    fn number(&mut self, destination: &Destination, m: NewMessage) -> Arc<Message> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        // Messages to temporary destinations die with their owner: never logged.
+        let persistent = m.persistent && !destination.is_temporary();
+        let id = if persistent { format!("ID:haven-{seq}") } else { format!("ID:haven-{:x}-{seq}", self.cfg.boot_id) };
+        Arc::new(Message {
+            seq,
+            id,
+            destination: destination.clone(),
+            headers: m.headers,
+            body: m.body,
+            persistent: m.persistent,
+            priority: m.priority.min(9),
+            expires_ms: m.expires_ms,
+            timestamp_ms: self.now_ms,
+        })
+    }
+
+    /// Puts a numbered message into every queue its destination reaches; returns the durable
+    /// queues holding it (to be logged at `lsn` by the caller).
+    fn route(&mut self, destination: &Destination, msg: Arc<Message>, lsn: u64) -> Vec<QueueKey> {
+        let targets: Vec<QueueId> = match destination {
+            Destination::Queue(name) => vec![self.queue_for(QueueKey::Queue(name.clone()))],
+            Destination::TempQueue { owner, name } => {
+                if !self.conns.contains_key(owner) {
+                    // The owner is gone, and its temporary queue with it: the reply has nowhere to go.
+                    return Vec::new();
+                }
+                vec![self.temp_queue(*owner, name)]
+            }
+            Destination::Topic(_) | Destination::TempTopic { .. } => self.topics.get(destination).cloned().unwrap_or_default(),
+        };
+        let durable_msg = msg.persistent && !destination.is_temporary();
+        let mut holders = Vec::new();
+        let pending_max = self.cfg.topic_subscriber_pending_max;
+        for q in targets {
+            let queue = self.queue_mut(q);
+            let key = queue.key.clone();
+            queue.push(Entry { msg: msg.clone(), deliveries: 0, redelivered: false });
+            if let QueueKey::TopicSub { .. } = key {
+                if queue.ready_len() > pending_max {
+                    queue.pop();
+                }
+            }
+            if durable_msg && key.is_durable_kind() {
+                holders.push(key);
+            }
+            self.to_dispatch.insert(q);
+        }
+        if !holders.is_empty() {
+            self.track_store(msg, holders.clone(), lsn);
+        }
+        holders
+    }
+
+    fn tx_push_send(&mut self, conn: ConnId, tx: &str, destination: Destination, message: NewMessage) -> Result<(), EngineError> {
+        let max = self.cfg.transaction_ops_max;
+        let t = self.tx_mut(conn, tx)?;
+        if t.sends.len() + t.acks.len() >= max {
+            return Err(EngineError::TransactionTooLarge(tx.to_string(), max));
+        }
+        t.sends.push((destination, message));
+        Ok(())
+    }
+
+    fn tx_mut(&mut self, conn: ConnId, tx: &str) -> Result<&mut Tx, EngineError> {
+        self.conns.get_mut(&conn).expect("checked").txs.get_mut(tx).ok_or_else(|| EngineError::UnknownTransaction(tx.to_string()))
+    }
+
+    /// Resolves an ACK/NACK to the delivery tags it covers (cumulative for `client` mode).
+    fn resolve_ack(&self, conn: ConnId, ack: &AckRef) -> Result<Vec<u64>, EngineError> {
+        let c = &self.conns[&conn];
+        let unknown = || EngineError::UnknownAck(format!("{ack:?}"));
+        let (sub_id, tag) = match ack {
+            AckRef::Tag(tag) => {
+                let (sub_id, _) = c.deliveries.get(tag).ok_or_else(unknown)?;
+                (sub_id.clone(), *tag)
+            }
+            AckRef::MessageId { message_id, subscription } => {
+                let seq = message_id.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).ok_or_else(unknown)?;
+                let found = c
+                    .subs
+                    .iter()
+                    .filter(|(id, _)| subscription.as_ref().is_none_or(|s| s == *id))
+                    .find_map(|(id, sub)| sub.seq_tags.get(&seq).map(|t| (id.clone(), *t)));
+                found.ok_or_else(unknown)?
+            }
+        };
+        let sub = &c.subs[&sub_id];
+        Ok(match sub.ack {
+            AckMode::Client => sub.tags.range(..=tag).map(|(t, _)| *t).collect(),
+            _ => vec![tag],
+        })
+    }
+
+    fn ack(&mut self, conn: ConnId, ack: &AckRef, transaction: Option<String>, positive: bool) -> Result<(), EngineError> {
+        let tags = self.resolve_ack(conn, ack)?;
+        if let Some(tx) = transaction {
+            let max = self.cfg.transaction_ops_max;
+            let t = self.tx_mut(conn, &tx)?;
+            let fresh: Vec<u64> = tags.into_iter().filter(|t2| !t.acked_tags.contains(t2)).collect();
+            if fresh.is_empty() {
+                return Err(EngineError::UnknownAck(format!("{ack:?} (already acknowledged in transaction '{tx}')")));
+            }
+            if t.sends.len() + t.acks.len() + fresh.len() > max {
+                return Err(EngineError::TransactionTooLarge(tx, max));
+            }
+            for tag in fresh {
+                t.acked_tags.insert(tag);
+                t.acks.push((tag, positive));
+            }
+            return Ok(());
+        }
+        for tag in tags {
+            if positive {
+                self.consume(conn, tag);
+            } else {
+                self.release(conn, tag);
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, conn: ConnId, tx_name: &str) -> Result<(), EngineError> {
+        let tx = self.conns.get_mut(&conn).expect("checked").txs.remove(tx_name);
+        let tx = tx.ok_or_else(|| EngineError::UnknownTransaction(tx_name.to_string()))?;
+        // Acks first, as the client issued them before COMMIT. Their removes join this
+        // transaction's record rather than a separate one, so the commit is atomic.
+        let before = std::mem::take(&mut self.removes);
+        for (tag, positive) in tx.acks {
+            if !self.conns[&conn].deliveries.contains_key(&tag) {
+                continue; // released meanwhile (its subscription was dropped)
+            }
+            if positive {
+                self.consume(conn, tag);
+            } else {
+                self.release(conn, tag);
+            }
+        }
+        let tx_removes = std::mem::replace(&mut self.removes, before);
+        // A NACK above may have dead-lettered (and logged) a message; the commit record is next.
+        let lsn = self.lsn;
+        let mut stores = Vec::new();
+        for (destination, message) in tx.sends {
+            let msg = self.number(&destination, message);
+            let holders = self.route(&destination, msg.clone(), lsn);
+            if !holders.is_empty() {
+                stores.push((msg, holders));
+            }
+        }
+        let removes: Vec<(QueueKey, u64)> = tx_removes.into_iter().flat_map(|(q, seqs)| seqs.into_iter().map(move |s| (q.clone(), s))).collect();
+        if !stores.is_empty() || !removes.is_empty() {
+            let logged = self.log(Record::Commit { stores, removes });
+            assert_eq!(logged, lsn);
+        }
+        Ok(())
+    }
+
+    /// ABORT: messages acknowledged in the transaction become available again.
+    fn rollback(&mut self, conn: ConnId, tx: Tx) {
+        for (tag, _) in tx.acks {
+            if self.conns[&conn].deliveries.contains_key(&tag) {
+                self.release(conn, tag);
+            }
+        }
+    }
+
+    /// Forgets a delivery tag on its connection and subscription; returns (queue, seq).
+    fn take_delivery(&mut self, conn: ConnId, tag: u64) -> (QueueId, u64) {
+        let c = self.conns.get_mut(&conn).expect("known connection");
+        let (sub_id, seq) = c.deliveries.remove(&tag).expect("known delivery");
+        let sub = c.subs.get_mut(&sub_id).expect("delivery of a live subscription");
+        sub.tags.remove(&tag).expect("tag tracked by its subscription");
+        sub.seq_tags.remove(&seq);
+        sub.inflight -= 1;
+        self.to_dispatch.insert(sub.queue);
+        for tx in c.txs.values_mut() {
+            tx.acked_tags.remove(&tag);
+        }
+        (sub.queue, seq)
+    }
+
+    /// A positive acknowledgement: the queue no longer holds the message.
+    fn consume(&mut self, conn: ConnId, tag: u64) {
+        let (q, seq) = self.take_delivery(conn, tag);
+        let flight = self.queue_mut(q).inflight.remove(&seq).expect("in flight");
+        assert_eq!((flight.conn, flight.tag), (conn, tag));
+        self.removed(q, &flight.entry.msg);
+    }
+
+    /// A failed delivery (NACK, rollback, lost consumer): redeliver, or dead-letter it once it
+    /// has failed too often.
+    fn release(&mut self, conn: ConnId, tag: u64) {
+        let (q, seq) = self.take_delivery(conn, tag);
+        let mut entry = self.queue_mut(q).inflight.remove(&seq).expect("in flight").entry;
+        entry.redelivered = true;
+        let dlq = self.dlq_for(q, &entry.msg);
+        if entry.deliveries > self.cfg.redeliveries_max && dlq.is_some() {
+            self.dead_letter(q, entry, dlq.expect("checked"));
+        } else {
+            self.queue_mut(q).push(entry);
+        }
+    }
+
+    fn dlq_for(&self, q: QueueId, msg: &Message) -> Option<QueueKey> {
+        let name = match &self.cfg.dlq {
+            DlqPolicy::Shared(name) => name.clone(),
+            DlqPolicy::PerDestination { prefix } => match &msg.destination {
+                Destination::Queue(n) | Destination::Topic(n) => format!("{prefix}{n}"),
+                Destination::TempQueue { name, .. } | Destination::TempTopic { name, .. } => format!("{prefix}{name}"),
+            },
+        };
+        let key = QueueKey::Queue(name);
+        // A message that keeps failing in the DLQ itself stays there.
+        (self.queue(q).key != key).then_some(key)
+    }
+
+    fn dead_letter(&mut self, from: QueueId, entry: Entry, dlq: QueueKey) {
+        let msg = entry.msg.clone();
+        let to = self.queue_for(dlq.clone());
+        let from_key = self.queue(from).key.clone();
+        self.queue_mut(to).push(Entry { msg: msg.clone(), deliveries: 0, redelivered: true });
+        self.to_dispatch.insert(to);
+        if let Some(stored) = self.stored.get(&msg.seq) {
+            // One record moves it: its holders become the others plus the DLQ.
+            let mut holders: Vec<QueueKey> = stored.holders.iter().filter(|h| **h != from_key).cloned().collect();
+            holders.push(dlq);
+            let lsn = self.log(Record::Store { message: msg.clone(), holders: holders.clone() });
+            self.track_store(msg, holders, lsn);
+        } else if msg.persistent && !msg.destination.is_temporary() && from_key.is_durable_kind() {
+            unreachable!("persistent message in a durable queue is tracked");
+        }
+    }
+
+    /// `q` stops holding `msg`; durable bookkeeping follows.
+    fn removed(&mut self, q: QueueId, msg: &Arc<Message>) {
+        let key = self.queue(q).key.clone();
+        let Some(stored) = self.stored.get_mut(&msg.seq) else { return };
+        let Some(pos) = stored.holders.iter().position(|h| *h == key) else { return };
+        stored.holders.swap_remove(pos);
+        self.removes.entry(key).or_default().push(msg.seq);
+        if stored.holders.is_empty() {
+            let lsn = stored.lsn;
+            self.stored.remove(&msg.seq);
+            self.live.remove(lsn, &LiveObject::Message(msg.seq));
+        }
+    }
+}
+
+impl Engine {
+    // ----------------------------------------------------------------------------------------
+    // Dispatch
+
+    /// Hands ready messages to consumers with prefetch credit, round-robin.
+    fn dispatch(&mut self, q: QueueId) {
+        loop {
+            let queue = self.queues[q].as_ref().expect("live queue");
+            if queue.is_ready_empty() || queue.consumers.is_empty() {
+                return;
+            }
+            let n = queue.consumers.len();
+            let chosen = (0..n).map(|i| (queue.next_consumer + i) % n).find(|&i| {
+                let (conn, sub_id) = &queue.consumers[i];
+                let sub = &self.conns[conn].subs[sub_id];
+                sub.inflight < sub.prefetch
+            });
+            let Some(i) = chosen else { return };
+            let queue = self.queues[q].as_mut().expect("live queue");
+            queue.next_consumer = (i + 1) % n;
+            let (conn, sub_id) = queue.consumers[i].clone();
+            let entry = queue.pop().expect("not empty");
+            if entry.msg.is_expired(self.now_ms) {
+                // An expired message is never delivered.
+                self.removed(q, &entry.msg);
+                continue;
+            }
+            self.deliver(q, conn, &sub_id, entry);
+        }
+    }
+
+    fn deliver(&mut self, q: QueueId, conn: ConnId, sub_id: &str, mut entry: Entry) {
+        entry.deliveries += 1;
+        let c = self.conns.get_mut(&conn).expect("consumer's connection");
+        let tag = c.next_tag;
+        c.next_tag += 1;
+        let sub = c.subs.get_mut(sub_id).expect("consumer's subscription");
+        sub.inflight += 1;
+        let auto_ack = sub.ack == AckMode::Auto;
+        let delivery = Delivery {
+            sub_id: sub_id.to_string(),
+            ack_tag: tag,
+            message: entry.msg.clone(),
+            redelivered: entry.redelivered || entry.deliveries > 1,
+            delivery_count: entry.deliveries,
+            auto_ack,
+        };
+        self.out.push(Output::Effect(Effect::Deliver { conn, delivery }));
+        if auto_ack {
+            // Acknowledged once handed over; the remove is logged after the delivery, so a
+            // crash in between redelivers rather than loses it.
+            self.removed(q, &entry.msg);
+        } else {
+            let seq = entry.msg.seq;
+            sub.tags.insert(tag, seq);
+            sub.seq_tags.insert(seq, tag);
+            c.deliveries.insert(tag, (sub_id.to_string(), seq));
+            let old = self.queue_mut(q).inflight.insert(seq, InFlight { entry, conn, tag });
+            assert!(old.is_none(), "message delivered twice at once from one queue");
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Queues
+
+    fn queue(&self, q: QueueId) -> &Queue {
+        self.queues[q].as_ref().expect("live queue id")
+    }
+
+    fn queue_mut(&mut self, q: QueueId) -> &mut Queue {
+        self.queues[q].as_mut().expect("live queue id")
+    }
+
+    fn add_queue(&mut self, key: QueueKey) -> QueueId {
+        assert!(!self.queue_ids.contains_key(&key), "queue {key:?} exists");
+        let queue = Queue::new(key.clone());
+        let q = match self.free_queue_ids.pop() {
+            Some(q) => {
+                self.queues[q] = Some(queue);
+                q
+            }
+            None => {
+                self.queues.push(Some(queue));
+                self.queues.len() - 1
+            }
+        };
+        self.queue_ids.insert(key, q);
+        q
+    }
+
+    fn queue_for(&mut self, key: QueueKey) -> QueueId {
+        match self.queue_ids.get(&key) {
+            Some(&q) => q,
+            None => self.add_queue(key),
+        }
+    }
+
+    fn remove_queue(&mut self, q: QueueId) -> Queue {
+        let queue = self.queues[q].take().expect("live queue");
+        self.queue_ids.remove(&queue.key);
+        self.free_queue_ids.push(q);
+        self.to_dispatch.remove(&q);
+        queue
+    }
+
+    fn temp_queue(&mut self, owner: ConnId, name: &str) -> QueueId {
+        let key = QueueKey::Temp { owner, name: name.to_string() };
+        if let Some(&q) = self.queue_ids.get(&key) {
+            return q;
+        }
+        let q = self.add_queue(key);
+        self.conns.get_mut(&owner).expect("owner connected").temp_queues.push(q);
+        q
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Durable state shared by live handling and replay
+
+    /// Records that `msg` is held by exactly `holders`, described by the record at `lsn`.
+    fn track_store(&mut self, msg: Arc<Message>, holders: Vec<QueueKey>, lsn: u64) {
+        if let Some(old) = self.stored.remove(&msg.seq) {
+            self.live.remove(old.lsn, &LiveObject::Message(msg.seq));
+        }
+        if holders.is_empty() {
+            return;
+        }
+        self.live.insert(lsn, LiveObject::Message(msg.seq));
+        self.stored.insert(msg.seq, Stored { msg, lsn, holders });
+    }
+
+    fn apply_durable_subscribe(&mut self, client_id: &str, name: &str, topic: &str, lsn: u64) {
+        let key = QueueKey::Durable { client_id: client_id.to_string(), name: name.to_string() };
+        let live = LiveObject::DurableSub { client_id: client_id.to_string(), name: name.to_string() };
+        let q = match self.queue_ids.get(&key) {
+            Some(&q) => {
+                let queue = self.queue(q);
+                match queue.topic.clone() {
+                    Some(old) if old == topic => {}
+                    Some(old) => {
+                        // Re-subscribing to another topic starts afresh (JMS semantics).
+                        self.detach_topic(&Destination::Topic(old), q);
+                        self.drop_durable_messages(q);
+                    }
+                    None => {}
+                }
+                if self.queue(q).topic.is_some() {
+                    self.live.remove(self.queue(q).record_lsn, &live);
+                }
+                q
+            }
+            None => self.add_queue(key),
+        };
+        let queue = self.queue_mut(q);
+        let attach = queue.topic.as_deref() != Some(topic);
+        queue.topic = Some(topic.to_string());
+        queue.record_lsn = lsn;
+        if attach {
+            self.topics.entry(Destination::Topic(topic.to_string())).or_default().push(q);
+        }
+        self.live.insert(lsn, live);
+    }
+
+    fn apply_durable_unsubscribe(&mut self, client_id: &str, name: &str) {
+        let key = QueueKey::Durable { client_id: client_id.to_string(), name: name.to_string() };
+        let Some(&q) = self.queue_ids.get(&key) else { return };
+        if let Some(topic) = self.queue(q).topic.clone() {
+            self.detach_topic(&Destination::Topic(topic), q);
+            let lsn = self.queue(q).record_lsn;
+            self.live.remove(lsn, &LiveObject::DurableSub { client_id: client_id.to_string(), name: name.to_string() });
+        }
+        self.drop_durable_messages(q);
+        let queue = self.remove_queue(q);
+        assert!(queue.consumers.is_empty(), "removing an active durable subscription");
+    }
+
+    fn detach_topic(&mut self, topic: &Destination, q: QueueId) {
+        if let Some(list) = self.topics.get_mut(topic) {
+            list.retain(|&x| x != q);
+            if list.is_empty() {
+                self.topics.remove(topic);
+            }
+        }
+    }
+
+    /// Everything a durable queue holds is released from it (no remove records: the caller's
+    /// own record says the queue is gone).
+    fn drop_durable_messages(&mut self, q: QueueId) {
+        let entries = self.queue_mut(q).drain_all();
+        let key = self.queue(q).key.clone();
+        for e in entries {
+            if let Some(stored) = self.stored.get_mut(&e.msg.seq) {
+                stored.holders.retain(|h| *h != key);
+                if stored.holders.is_empty() {
+                    let lsn = stored.lsn;
+                    self.stored.remove(&e.msg.seq);
+                    self.live.remove(lsn, &LiveObject::Message(e.msg.seq));
+                }
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Recovery and log maintenance
+
+    /// Rebuilds durable state from one log record, in log order, before any connection.
+    pub fn replay(&mut self, lsn: u64, record: Record) -> Result<(), String> {
+        assert!(self.conns.is_empty(), "replay happens before serving");
+        match record {
+            Record::Store { message, holders } => self.replay_store(message, holders, lsn),
+            Record::Remove { queue, seqs } => {
+                for seq in seqs {
+                    self.replay_remove(&queue, seq);
+                }
+            }
+            Record::Commit { stores, removes } => {
+                for (q, seq) in removes {
+                    self.replay_remove(&q, seq);
+                }
+                for (m, h) in stores {
+                    self.replay_store(m, h, lsn);
+                }
+            }
+            Record::DurableSubscribe { client_id, name, topic } => self.apply_durable_subscribe(&client_id, &name, &topic, lsn),
+            Record::DurableUnsubscribe { client_id, name } => self.apply_durable_unsubscribe(&client_id, &name),
+            Record::Checkpoint { next_seq } => self.next_seq = self.next_seq.max(next_seq),
+        }
+        Ok(())
+    }
+
+    fn replay_store(&mut self, msg: Arc<Message>, holders: Vec<QueueKey>, lsn: u64) {
+        self.next_seq = self.next_seq.max(msg.seq + 1);
+        let old: Vec<QueueKey> = self.stored.get(&msg.seq).map(|s| s.holders.clone()).unwrap_or_default();
+        for key in old.iter().filter(|k| !holders.contains(k)) {
+            if let Some(&q) = self.queue_ids.get(key) {
+                self.queue_mut(q).remove_ready(&msg);
+            }
+        }
+        for key in holders.iter().filter(|k| !old.contains(k)) {
+            // A durable subscription's own record may come later (compaction re-logs it):
+            // the queue exists from now on and adopts its topic then.
+            let q = self.queue_for(key.clone());
+            let queue = self.queue_mut(q);
+            if !queue.contains(&msg) {
+                queue.push(Entry { msg: msg.clone(), deliveries: 0, redelivered: false });
+            }
+        }
+        self.track_store(msg, holders, lsn);
+    }
+
+    fn replay_remove(&mut self, key: &QueueKey, seq: u64) {
+        let Some(stored) = self.stored.get(&seq) else { return };
+        let msg = stored.msg.clone();
+        if let Some(&q) = self.queue_ids.get(key) {
+            self.queue_mut(q).remove_ready(&msg);
+            self.removed(q, &msg);
+        }
+        // Replay logs nothing: drop what `removed` gathered.
+        self.removes.clear();
+    }
+
+    /// Ends recovery: every recovered message may have been delivered before the crash, so
+    /// its next delivery says `redelivered:true`. Returns an error if the log was inconsistent.
+    pub fn finish_recovery(&mut self) -> Result<(), String> {
+        for queue in self.queues.iter_mut().flatten() {
+            if let QueueKey::Durable { client_id, name } = &queue.key {
+                if queue.topic.is_none() {
+                    return Err(format!("messages held by durable subscription {client_id}/{name}, which the log never creates"));
+                }
+            }
+            for e in queue.ready_entries_mut() {
+                e.redelivered = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next message number; the caller logs it in a `Checkpoint` before deleting segments.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Lowest LSN the log must keep for durable state, if any is held.
+    pub fn min_live_lsn(&self) -> Option<u64> {
+        self.live.min_lsn()
+    }
+
+    /// Durable objects (messages, durable subscriptions) currently held.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn live_count_in(&self, lo: u64, hi: u64) -> usize {
+        self.live.count_in(lo, hi)
+    }
+
+    /// Compaction: re-logs up to `max` live objects described below `lsn`, so the segments
+    /// there can be deleted. Returns how many were re-logged.
+    pub fn relocate_below(&mut self, lsn_limit: u64, max: usize, ctx: Ctx, out: &mut Vec<Output>) -> usize {
+        assert!(self.out.is_empty());
+        self.lsn = ctx.next_lsn;
+        let objects = self.live.below(lsn_limit, max);
+        let n = objects.len();
+        for (_, object) in objects {
+            match object {
+                LiveObject::Message(seq) => {
+                    let stored = &self.stored[&seq];
+                    let (msg, holders) = (stored.msg.clone(), stored.holders.clone());
+                    let lsn = self.log(Record::Store { message: msg.clone(), holders: holders.clone() });
+                    self.track_store(msg, holders, lsn);
+                }
+                LiveObject::DurableSub { client_id, name } => {
+                    let q = self.queue_ids[&QueueKey::Durable { client_id: client_id.clone(), name: name.clone() }];
+                    let topic = self.queue(q).topic.clone().expect("live durable subscription has a topic");
+                    let lsn = self.log(Record::DurableSubscribe { client_id: client_id.clone(), name: name.clone(), topic: topic.clone() });
+                    self.apply_durable_subscribe(&client_id, &name, &topic, lsn);
+                }
+            }
+        }
+        out.append(&mut self.out);
+        n
+    }
+
+    /// Every queue that holds messages or has consumers (named queues and durable
+    /// subscriptions; the volatile ones too).
+    pub fn queue_stats(&self) -> Vec<QueueStats> {
+        let mut v: Vec<QueueStats> = self
+            .queues
+            .iter()
+            .flatten()
+            .map(|q| QueueStats { key: q.key.clone(), ready: q.ready_len(), inflight: q.inflight.len(), consumers: q.consumers.len() })
+            .collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Checks cross-structure invariants; for tests and simulation (O(state)).
+    pub fn check_invariants(&self) {
+        for (conn, c) in &self.conns {
+            let mut tags = 0;
+            for (sub_id, sub) in &c.subs {
+                let queue = self.queue(sub.queue);
+                assert!(queue.consumers.iter().any(|(cc, s)| cc == conn && s == sub_id), "subscription not attached to its queue");
+                for (tag, seq) in &sub.tags {
+                    let f = &queue.inflight[seq];
+                    assert_eq!((f.conn, f.tag), (*conn, *tag));
+                    assert_eq!(c.deliveries[tag], (sub_id.clone(), *seq));
+                }
+                if sub.ack != AckMode::Auto {
+                    assert_eq!(sub.inflight as usize, sub.tags.len());
+                }
+                tags += sub.tags.len();
+            }
+            assert_eq!(tags, c.deliveries.len());
+        }
+        for (seq, s) in &self.stored {
+            assert!(!s.holders.is_empty());
+            for h in &s.holders {
+                let q = self.queue(self.queue_ids[h]);
+                assert!(q.contains(&s.msg), "stored message {seq} missing from holder {h:?}");
+            }
+        }
+        let subs = self.queues.iter().flatten().filter(|q| matches!(q.key, QueueKey::Durable { .. })).count();
+        assert_eq!(self.live.len(), self.stored.len() + subs);
+    }
+}

@@ -1,0 +1,40 @@
+//! Errors a client command can cause. Each is the client's mistake, reported to it in an ERROR
+//! frame; the engine's state is unchanged when one is returned.
+
+use crate::types::DestinationError;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("connection is not known to the engine")]
+    UnknownConnection,
+    #[error("client-id '{0}' is already connected")]
+    ClientIdInUse(String),
+    #[error("subscription id '{0}' is already in use on this connection")]
+    DuplicateSubscription(String),
+    #[error("no subscription with id '{0}' on this connection")]
+    UnknownSubscription(String),
+    #[error("a durable subscription needs a client-id on CONNECT")]
+    DurableNeedsClientId,
+    #[error("durable subscriptions are for topics; '{0}' is not a topic")]
+    DurableNotTopic(String),
+    #[error("durable subscription '{0}' is already active on another connection")]
+    DurableInUse(String),
+    #[error("no durable subscription named '{0}'")]
+    UnknownDurable(String),
+    #[error("ACK/NACK names a message that is not awaiting acknowledgement here: {0}")]
+    UnknownAck(String),
+    #[error("transaction '{0}' is already open")]
+    TransactionExists(String),
+    #[error("no open transaction '{0}'")]
+    UnknownTransaction(String),
+    #[error("transaction '{0}' holds more than {1} operations")]
+    TransactionTooLarge(String, usize),
+    #[error("too many subscriptions on this connection (limit {0})")]
+    TooManySubscriptions(usize),
+    #[error("too many open transactions on this connection (limit {0})")]
+    TooManyTransactions(usize),
+    #[error("temporary destination belongs to another connection")]
+    NotOwner,
+    #[error(transparent)]
+    Destination(#[from] DestinationError),
+}

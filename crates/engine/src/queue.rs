@@ -1,0 +1,95 @@
+//! One queue of messages: a named queue, a durable subscription, a non-durable topic
+//! subscriber's buffer or a temporary queue — they differ only in who consumes and whether
+//! the log knows them.
+
+use crate::message::Message;
+use crate::types::{ConnId, QueueKey};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+pub(crate) type QueueId = usize;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub msg: Arc<Message>,
+    /// Times handed to a consumer so far.
+    pub deliveries: u32,
+    /// May have been delivered before this broker knew (recovered from the log).
+    pub redelivered: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub entry: Entry,
+    pub conn: ConnId,
+    pub tag: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Queue {
+    pub key: QueueKey,
+    /// Waiting for a consumer: highest priority first, then arrival order.
+    ready: BTreeMap<(Reverse<u8>, u64), Entry>,
+    /// Handed to a consumer, not yet acknowledged.
+    pub inflight: HashMap<u64, InFlight>,
+    /// (connection, subscription id), in the order they subscribed.
+    pub consumers: Vec<(ConnId, String)>,
+    /// Round-robin position in `consumers`.
+    pub next_consumer: usize,
+    /// Durable subscriptions: the topic (None only transiently during replay, when a re-logged
+    /// message names the subscription before its own record is seen) and its record's LSN.
+    pub topic: Option<String>,
+    pub record_lsn: u64,
+}
+
+impl Queue {
+    pub fn new(key: QueueKey) -> Queue {
+        Queue {
+            key,
+            ready: BTreeMap::new(),
+            inflight: HashMap::new(),
+            consumers: Vec::new(),
+            next_consumer: 0,
+            topic: None,
+            record_lsn: 0,
+        }
+    }
+
+    pub fn push(&mut self, entry: Entry) {
+        let key = (Reverse(entry.msg.priority), entry.msg.seq);
+        let old = self.ready.insert(key, entry);
+        assert!(old.is_none(), "message queued twice");
+    }
+
+    pub fn pop(&mut self) -> Option<Entry> {
+        self.ready.pop_first().map(|(_, e)| e)
+    }
+
+    pub fn remove_ready(&mut self, msg: &Message) -> Option<Entry> {
+        self.ready.remove(&(Reverse(msg.priority), msg.seq))
+    }
+
+    pub fn contains(&self, msg: &Message) -> bool {
+        self.ready.contains_key(&(Reverse(msg.priority), msg.seq)) || self.inflight.contains_key(&msg.seq)
+    }
+
+    pub fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn is_ready_empty(&self) -> bool {
+        self.ready.is_empty()
+    }
+
+    pub fn ready_entries_mut(&mut self) -> impl Iterator<Item = &mut Entry> {
+        self.ready.values_mut()
+    }
+
+    /// Every message held, waiting or in flight.
+    pub fn drain_all(&mut self) -> Vec<Entry> {
+        let mut all: Vec<Entry> = std::mem::take(&mut self.ready).into_values().collect();
+        all.extend(self.inflight.drain().map(|(_, f)| f.entry));
+        all
+    }
+}
