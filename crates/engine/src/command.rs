@@ -20,16 +20,25 @@ pub enum AckRef {
     /// STOMP 1.2: the `ack` header of the MESSAGE, a per-connection delivery tag.
     Tag(u64),
     /// STOMP 1.0/1.1: `message-id`, and in 1.1 the `subscription`.
-    MessageId { message_id: String, subscription: Option<String> },
+    MessageId {
+        message_id: String,
+        subscription: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug)]
 pub enum Command {
     /// A connection finished the CONNECT handshake.
-    Connect { conn: ConnId, client_id: Option<String> },
+    Connect {
+        conn: ConnId,
+        client_id: Option<String>,
+    },
     /// The connection is gone (socket closed, ERROR sent, or DISCONNECT). Idempotent. Unacked
     /// messages are redelivered, transactions rolled back, temporary destinations deleted.
-    Close { conn: ConnId, receipt: Option<String> },
+    Close {
+        conn: ConnId,
+        receipt: Option<String>,
+    },
     Subscribe {
         conn: ConnId,
         sub_id: String,
@@ -55,14 +64,40 @@ pub enum Command {
         transaction: Option<String>,
         receipt: Option<String>,
     },
-    Ack { conn: ConnId, ack: AckRef, transaction: Option<String>, receipt: Option<String> },
-    Nack { conn: ConnId, ack: AckRef, transaction: Option<String>, receipt: Option<String> },
-    Begin { conn: ConnId, transaction: String, receipt: Option<String> },
-    Commit { conn: ConnId, transaction: String, receipt: Option<String> },
-    Abort { conn: ConnId, transaction: String, receipt: Option<String> },
+    Ack {
+        conn: ConnId,
+        ack: AckRef,
+        transaction: Option<String>,
+        receipt: Option<String>,
+    },
+    Nack {
+        conn: ConnId,
+        ack: AckRef,
+        transaction: Option<String>,
+        receipt: Option<String>,
+    },
+    Begin {
+        conn: ConnId,
+        transaction: String,
+        receipt: Option<String>,
+    },
+    Commit {
+        conn: ConnId,
+        transaction: String,
+        receipt: Option<String>,
+    },
+    Abort {
+        conn: ConnId,
+        transaction: String,
+        receipt: Option<String>,
+    },
     /// The connection wrote `count` MESSAGE frames of an auto-ack subscription to its socket:
     /// that much prefetch credit comes back.
-    Credit { conn: ConnId, sub_id: String, count: u32 },
+    Credit {
+        conn: ConnId,
+        sub_id: String,
+        count: u32,
+    },
     /// A frame that changes nothing but asked for a receipt (kept in order with the rest).
     Receipt { conn: ConnId, receipt: String },
 }

@@ -129,12 +129,19 @@ impl Engine {
 
     /// Applies one command. On `Err` nothing changed and nothing was output; the caller reports
     /// the error to the client.
-    pub fn handle(&mut self, cmd: Command, ctx: Ctx, out: &mut Vec<Output>) -> Result<(), EngineError> {
+    pub fn handle(
+        &mut self,
+        cmd: Command,
+        ctx: Ctx,
+        out: &mut Vec<Output>,
+    ) -> Result<(), EngineError> {
         assert!(self.out.is_empty() && self.removes.is_empty() && self.to_dispatch.is_empty());
         self.lsn = ctx.next_lsn;
         self.now_ms = ctx.now_ms;
         let conn = cmd.conn();
-        if !matches!(cmd, Command::Connect { .. } | Command::Close { .. }) && !self.conns.contains_key(&conn) {
+        if !matches!(cmd, Command::Connect { .. } | Command::Close { .. })
+            && !self.conns.contains_key(&conn)
+        {
             return Err(EngineError::UnknownConnection);
         }
         let receipt = match cmd {
@@ -146,51 +153,103 @@ impl Engine {
                 self.close(conn);
                 receipt
             }
-            Command::Subscribe { conn, sub_id, destination, ack, prefetch, durable_name, receipt } => {
+            Command::Subscribe {
+                conn,
+                sub_id,
+                destination,
+                ack,
+                prefetch,
+                durable_name,
+                receipt,
+            } => {
                 self.subscribe(conn, sub_id, destination, ack, prefetch, durable_name)?;
                 receipt
             }
-            Command::Unsubscribe { conn, sub_id, durable_name, receipt } => {
+            Command::Unsubscribe {
+                conn,
+                sub_id,
+                durable_name,
+                receipt,
+            } => {
                 self.unsubscribe(conn, &sub_id, durable_name)?;
                 receipt
             }
-            Command::Send { conn, destination, message, transaction, receipt } => {
+            Command::Send {
+                conn,
+                destination,
+                message,
+                transaction,
+                receipt,
+            } => {
                 match transaction {
                     Some(tx) => self.tx_push_send(conn, &tx, destination, message)?,
                     None => self.send(destination, message),
                 }
                 receipt
             }
-            Command::Ack { conn, ack, transaction, receipt } => {
+            Command::Ack {
+                conn,
+                ack,
+                transaction,
+                receipt,
+            } => {
                 self.ack(conn, &ack, transaction, true)?;
                 receipt
             }
-            Command::Nack { conn, ack, transaction, receipt } => {
+            Command::Nack {
+                conn,
+                ack,
+                transaction,
+                receipt,
+            } => {
                 self.ack(conn, &ack, transaction, false)?;
                 receipt
             }
-            Command::Begin { conn, transaction, receipt } => {
+            Command::Begin {
+                conn,
+                transaction,
+                receipt,
+            } => {
                 let c = self.conns.get_mut(&conn).expect("checked");
                 if c.txs.contains_key(&transaction) {
                     return Err(EngineError::TransactionExists(transaction));
                 }
                 if c.txs.len() >= self.cfg.transactions_per_connection_max {
-                    return Err(EngineError::TooManyTransactions(self.cfg.transactions_per_connection_max));
+                    return Err(EngineError::TooManyTransactions(
+                        self.cfg.transactions_per_connection_max,
+                    ));
                 }
                 c.txs.insert(transaction, Tx::default());
                 receipt
             }
-            Command::Commit { conn, transaction, receipt } => {
+            Command::Commit {
+                conn,
+                transaction,
+                receipt,
+            } => {
                 self.commit(conn, &transaction)?;
                 receipt
             }
-            Command::Abort { conn, transaction, receipt } => {
-                let tx = self.conns.get_mut(&conn).expect("checked").txs.remove(&transaction);
+            Command::Abort {
+                conn,
+                transaction,
+                receipt,
+            } => {
+                let tx = self
+                    .conns
+                    .get_mut(&conn)
+                    .expect("checked")
+                    .txs
+                    .remove(&transaction);
                 let tx = tx.ok_or(EngineError::UnknownTransaction(transaction))?;
                 self.rollback(conn, tx);
                 receipt
             }
-            Command::Credit { conn, sub_id, count } => {
+            Command::Credit {
+                conn,
+                sub_id,
+                count,
+            } => {
                 let c = self.conns.get_mut(&conn).expect("checked");
                 // Credit may arrive after its subscription was replaced by another with the same
                 // id; only auto-ack subscriptions take it.
@@ -204,7 +263,8 @@ impl Engine {
         };
         self.finish();
         if let Some(receipt) = receipt {
-            self.out.push(Output::Effect(Effect::Receipt { conn, receipt }));
+            self.out
+                .push(Output::Effect(Effect::Receipt { conn, receipt }));
         }
         out.append(&mut self.out);
         Ok(())
@@ -235,7 +295,10 @@ impl Engine {
     }
 
     fn connect(&mut self, conn: ConnId, client_id: Option<String>) -> Result<(), EngineError> {
-        assert!(!self.conns.contains_key(&conn), "connection {conn} connected twice");
+        assert!(
+            !self.conns.contains_key(&conn),
+            "connection {conn} connected twice"
+        );
         if let Some(id) = &client_id {
             if self.client_ids.contains_key(id) {
                 return Err(EngineError::ClientIdInUse(id.clone()));
@@ -257,7 +320,9 @@ impl Engine {
     }
 
     fn close(&mut self, conn: ConnId) {
-        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
         let txs: Vec<Tx> = c.txs.drain().map(|(_, t)| t).collect();
         let sub_ids: Vec<String> = c.subs.keys().cloned().collect();
         for tx in txs {
@@ -267,16 +332,23 @@ impl Engine {
             self.drop_subscription(conn, &sub_id);
         }
         let c = self.conns.remove(&conn).expect("present");
-        assert!(c.deliveries.is_empty(), "deliveries left after every subscription was dropped");
+        assert!(
+            c.deliveries.is_empty(),
+            "deliveries left after every subscription was dropped"
+        );
         if let Some(id) = c.client_id {
             self.client_ids.remove(&id);
         }
         for q in c.temp_queues {
             let mut queue = self.remove_queue(q);
-            assert!(queue.consumers.is_empty(), "only the owner consumes a temporary queue");
+            assert!(
+                queue.consumers.is_empty(),
+                "only the owner consumes a temporary queue"
+            );
             drop(queue.drain_all());
         }
-        self.topics.retain(|d, _| !matches!(d, Destination::TempTopic { owner, .. } if *owner == conn));
+        self.topics
+            .retain(|d, _| !matches!(d, Destination::TempTopic { owner, .. } if *owner == conn));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -294,9 +366,13 @@ impl Engine {
             return Err(EngineError::DuplicateSubscription(sub_id));
         }
         if c.subs.len() >= self.cfg.subscriptions_per_connection_max {
-            return Err(EngineError::TooManySubscriptions(self.cfg.subscriptions_per_connection_max));
+            return Err(EngineError::TooManySubscriptions(
+                self.cfg.subscriptions_per_connection_max,
+            ));
         }
-        if let Destination::TempQueue { owner, .. } | Destination::TempTopic { owner, .. } = &destination {
+        if let Destination::TempQueue { owner, .. } | Destination::TempTopic { owner, .. } =
+            &destination
+        {
             if *owner != conn {
                 return Err(EngineError::NotOwner);
             }
@@ -307,8 +383,14 @@ impl Engine {
         let mut topic = None;
         let queue = match (&destination, durable_name) {
             (Destination::Topic(name), Some(dname)) => {
-                let client_id = c.client_id.clone().ok_or(EngineError::DurableNeedsClientId)?;
-                let key = QueueKey::Durable { client_id: client_id.clone(), name: dname.clone() };
+                let client_id = c
+                    .client_id
+                    .clone()
+                    .ok_or(EngineError::DurableNeedsClientId)?;
+                let key = QueueKey::Durable {
+                    client_id: client_id.clone(),
+                    name: dname.clone(),
+                };
                 if let Some(&q) = self.queue_ids.get(&key) {
                     if !self.queue(q).consumers.is_empty() {
                         return Err(EngineError::DurableInUse(dname));
@@ -319,18 +401,27 @@ impl Engine {
                     .get(&key)
                     .is_some_and(|&q| self.queue(q).topic.as_deref() == Some(name.as_str()));
                 if !unchanged {
-                    let lsn = self.log(
-                        Record::DurableSubscribe { client_id: client_id.clone(), name: dname.clone(), topic: name.clone() },
-                    );
+                    let lsn = self.log(Record::DurableSubscribe {
+                        client_id: client_id.clone(),
+                        name: dname.clone(),
+                        topic: name.clone(),
+                    });
                     self.apply_durable_subscribe(&client_id, &dname, name, lsn);
                 }
                 durable = Some((client_id, dname));
                 self.queue_ids[&key]
             }
-            (d, Some(_)) if !d.is_topic() => return Err(EngineError::DurableNotTopic(d.to_string())),
-            (Destination::TempTopic { .. }, Some(_)) => return Err(EngineError::DurableNotTopic(destination.to_string())),
+            (d, Some(_)) if !d.is_topic() => {
+                return Err(EngineError::DurableNotTopic(d.to_string()))
+            }
+            (Destination::TempTopic { .. }, Some(_)) => {
+                return Err(EngineError::DurableNotTopic(destination.to_string()))
+            }
             (Destination::Topic(_) | Destination::TempTopic { .. }, None) => {
-                let q = self.add_queue(QueueKey::TopicSub { conn, sub_id: sub_id.clone() });
+                let q = self.add_queue(QueueKey::TopicSub {
+                    conn,
+                    sub_id: sub_id.clone(),
+                });
                 self.topics.entry(destination.clone()).or_default().push(q);
                 private_queue = true;
                 topic = Some(destination.clone());
@@ -351,32 +442,55 @@ impl Engine {
             private_queue,
             topic,
         };
-        self.conns.get_mut(&conn).expect("checked").subs.insert(sub_id, sub);
+        self.conns
+            .get_mut(&conn)
+            .expect("checked")
+            .subs
+            .insert(sub_id, sub);
         self.to_dispatch.insert(queue);
         Ok(())
     }
 
-    fn unsubscribe(&mut self, conn: ConnId, sub_id: &str, durable_name: Option<String>) -> Result<(), EngineError> {
+    fn unsubscribe(
+        &mut self,
+        conn: ConnId,
+        sub_id: &str,
+        durable_name: Option<String>,
+    ) -> Result<(), EngineError> {
         let c = &self.conns[&conn];
         let sub_durable = c.subs.get(sub_id).map(|s| s.durable.clone());
         match (sub_durable, durable_name) {
             (None, None) => return Err(EngineError::UnknownSubscription(sub_id.to_string())),
             (None, Some(dname)) => {
                 // Removing an inactive durable subscription by name.
-                let client_id = c.client_id.clone().ok_or(EngineError::DurableNeedsClientId)?;
-                let key = QueueKey::Durable { client_id: client_id.clone(), name: dname.clone() };
-                let Some(&q) = self.queue_ids.get(&key) else { return Err(EngineError::UnknownDurable(dname)) };
+                let client_id = c
+                    .client_id
+                    .clone()
+                    .ok_or(EngineError::DurableNeedsClientId)?;
+                let key = QueueKey::Durable {
+                    client_id: client_id.clone(),
+                    name: dname.clone(),
+                };
+                let Some(&q) = self.queue_ids.get(&key) else {
+                    return Err(EngineError::UnknownDurable(dname));
+                };
                 if !self.queue(q).consumers.is_empty() {
                     return Err(EngineError::DurableInUse(dname));
                 }
-                let lsn = self.log(Record::DurableUnsubscribe { client_id: client_id.clone(), name: dname.clone() });
+                let lsn = self.log(Record::DurableUnsubscribe {
+                    client_id: client_id.clone(),
+                    name: dname.clone(),
+                });
                 let _ = lsn;
                 self.apply_durable_unsubscribe(&client_id, &dname);
             }
             (Some(durable), dname) => {
                 self.drop_subscription(conn, sub_id);
                 if let (Some((client_id, name)), Some(_)) = (durable, dname) {
-                    self.log(Record::DurableUnsubscribe { client_id: client_id.clone(), name: name.clone() });
+                    self.log(Record::DurableUnsubscribe {
+                        client_id: client_id.clone(),
+                        name: name.clone(),
+                    });
                     self.apply_durable_unsubscribe(&client_id, &name);
                 }
             }
@@ -418,7 +532,10 @@ impl Engine {
         let lsn = self.lsn;
         let holders = self.route(&destination, msg.clone(), lsn);
         if !holders.is_empty() {
-            let logged = self.log(Record::Store { message: msg, holders });
+            let logged = self.log(Record::Store {
+                message: msg,
+                holders,
+            });
             assert_eq!(logged, lsn);
         }
     }
@@ -429,7 +546,11 @@ impl Engine {
         self.next_seq += 1;
         // Messages to temporary destinations die with their owner: never logged.
         let persistent = m.persistent && !destination.is_temporary();
-        let id = if persistent { format!("ID:haven-{seq}") } else { format!("ID:haven-{:x}-{seq}", self.cfg.boot_id) };
+        let id = if persistent {
+            format!("ID:haven-{seq}")
+        } else {
+            format!("ID:haven-{:x}-{seq}", self.cfg.boot_id)
+        };
         Arc::new(Message {
             seq,
             id,
@@ -455,7 +576,9 @@ impl Engine {
                 }
                 vec![self.temp_queue(*owner, name)]
             }
-            Destination::Topic(_) | Destination::TempTopic { .. } => self.topics.get(destination).cloned().unwrap_or_default(),
+            Destination::Topic(_) | Destination::TempTopic { .. } => {
+                self.topics.get(destination).cloned().unwrap_or_default()
+            }
         };
         let durable_msg = msg.persistent && !destination.is_temporary();
         let mut holders = Vec::new();
@@ -463,7 +586,11 @@ impl Engine {
         for q in targets {
             let queue = self.queue_mut(q);
             let key = queue.key.clone();
-            queue.push(Entry { msg: msg.clone(), deliveries: 0, redelivered: false });
+            queue.push(Entry {
+                msg: msg.clone(),
+                deliveries: 0,
+                redelivered: false,
+            });
             if let QueueKey::TopicSub { .. } = key {
                 if queue.ready_len() > pending_max {
                     queue.pop();
@@ -480,7 +607,13 @@ impl Engine {
         holders
     }
 
-    fn tx_push_send(&mut self, conn: ConnId, tx: &str, destination: Destination, message: NewMessage) -> Result<(), EngineError> {
+    fn tx_push_send(
+        &mut self,
+        conn: ConnId,
+        tx: &str,
+        destination: Destination,
+        message: NewMessage,
+    ) -> Result<(), EngineError> {
         let max = self.cfg.transaction_ops_max;
         let t = self.tx_mut(conn, tx)?;
         if t.sends.len() + t.acks.len() >= max {
@@ -491,7 +624,12 @@ impl Engine {
     }
 
     fn tx_mut(&mut self, conn: ConnId, tx: &str) -> Result<&mut Tx, EngineError> {
-        self.conns.get_mut(&conn).expect("checked").txs.get_mut(tx).ok_or_else(|| EngineError::UnknownTransaction(tx.to_string()))
+        self.conns
+            .get_mut(&conn)
+            .expect("checked")
+            .txs
+            .get_mut(tx)
+            .ok_or_else(|| EngineError::UnknownTransaction(tx.to_string()))
     }
 
     /// Resolves an ACK/NACK to the delivery tags it covers (cumulative for `client` mode).
@@ -503,8 +641,15 @@ impl Engine {
                 let (sub_id, _) = c.deliveries.get(tag).ok_or_else(unknown)?;
                 (sub_id.clone(), *tag)
             }
-            AckRef::MessageId { message_id, subscription } => {
-                let seq = message_id.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).ok_or_else(unknown)?;
+            AckRef::MessageId {
+                message_id,
+                subscription,
+            } => {
+                let seq = message_id
+                    .rsplit('-')
+                    .next()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(unknown)?;
                 let found = c
                     .subs
                     .iter()
@@ -520,14 +665,25 @@ impl Engine {
         })
     }
 
-    fn ack(&mut self, conn: ConnId, ack: &AckRef, transaction: Option<String>, positive: bool) -> Result<(), EngineError> {
+    fn ack(
+        &mut self,
+        conn: ConnId,
+        ack: &AckRef,
+        transaction: Option<String>,
+        positive: bool,
+    ) -> Result<(), EngineError> {
         let tags = self.resolve_ack(conn, ack)?;
         if let Some(tx) = transaction {
             let max = self.cfg.transaction_ops_max;
             let t = self.tx_mut(conn, &tx)?;
-            let fresh: Vec<u64> = tags.into_iter().filter(|t2| !t.acked_tags.contains(t2)).collect();
+            let fresh: Vec<u64> = tags
+                .into_iter()
+                .filter(|t2| !t.acked_tags.contains(t2))
+                .collect();
             if fresh.is_empty() {
-                return Err(EngineError::UnknownAck(format!("{ack:?} (already acknowledged in transaction '{tx}')")));
+                return Err(EngineError::UnknownAck(format!(
+                    "{ack:?} (already acknowledged in transaction '{tx}')"
+                )));
             }
             if t.sends.len() + t.acks.len() + fresh.len() > max {
                 return Err(EngineError::TransactionTooLarge(tx, max));
@@ -549,7 +705,12 @@ impl Engine {
     }
 
     fn commit(&mut self, conn: ConnId, tx_name: &str) -> Result<(), EngineError> {
-        let tx = self.conns.get_mut(&conn).expect("checked").txs.remove(tx_name);
+        let tx = self
+            .conns
+            .get_mut(&conn)
+            .expect("checked")
+            .txs
+            .remove(tx_name);
         let tx = tx.ok_or_else(|| EngineError::UnknownTransaction(tx_name.to_string()))?;
         // Acks first, as the client issued them before COMMIT. Their removes join this
         // transaction's record rather than a separate one, so the commit is atomic.
@@ -575,7 +736,10 @@ impl Engine {
                 stores.push((msg, holders));
             }
         }
-        let removes: Vec<(QueueKey, u64)> = tx_removes.into_iter().flat_map(|(q, seqs)| seqs.into_iter().map(move |s| (q.clone(), s))).collect();
+        let removes: Vec<(QueueKey, u64)> = tx_removes
+            .into_iter()
+            .flat_map(|(q, seqs)| seqs.into_iter().map(move |s| (q.clone(), s)))
+            .collect();
         if !stores.is_empty() || !removes.is_empty() {
             let logged = self.log(Record::Commit { stores, removes });
             assert_eq!(logged, lsn);
@@ -596,8 +760,13 @@ impl Engine {
     fn take_delivery(&mut self, conn: ConnId, tag: u64) -> (QueueId, u64) {
         let c = self.conns.get_mut(&conn).expect("known connection");
         let (sub_id, seq) = c.deliveries.remove(&tag).expect("known delivery");
-        let sub = c.subs.get_mut(&sub_id).expect("delivery of a live subscription");
-        sub.tags.remove(&tag).expect("tag tracked by its subscription");
+        let sub = c
+            .subs
+            .get_mut(&sub_id)
+            .expect("delivery of a live subscription");
+        sub.tags
+            .remove(&tag)
+            .expect("tag tracked by its subscription");
         sub.seq_tags.remove(&seq);
         sub.inflight -= 1;
         self.to_dispatch.insert(sub.queue);
@@ -619,7 +788,12 @@ impl Engine {
     /// has failed too often.
     fn release(&mut self, conn: ConnId, tag: u64) {
         let (q, seq) = self.take_delivery(conn, tag);
-        let mut entry = self.queue_mut(q).inflight.remove(&seq).expect("in flight").entry;
+        let mut entry = self
+            .queue_mut(q)
+            .inflight
+            .remove(&seq)
+            .expect("in flight")
+            .entry;
         entry.redelivered = true;
         let dlq = self.dlq_for(q, &entry.msg);
         if entry.deliveries > self.cfg.redeliveries_max && dlq.is_some() {
@@ -634,7 +808,9 @@ impl Engine {
             DlqPolicy::Shared(name) => name.clone(),
             DlqPolicy::PerDestination { prefix } => match &msg.destination {
                 Destination::Queue(n) | Destination::Topic(n) => format!("{prefix}{n}"),
-                Destination::TempQueue { name, .. } | Destination::TempTopic { name, .. } => format!("{prefix}{name}"),
+                Destination::TempQueue { name, .. } | Destination::TempTopic { name, .. } => {
+                    format!("{prefix}{name}")
+                }
             },
         };
         let key = QueueKey::Queue(name);
@@ -646,13 +822,25 @@ impl Engine {
         let msg = entry.msg.clone();
         let to = self.queue_for(dlq.clone());
         let from_key = self.queue(from).key.clone();
-        self.queue_mut(to).push(Entry { msg: msg.clone(), deliveries: 0, redelivered: true });
+        self.queue_mut(to).push(Entry {
+            msg: msg.clone(),
+            deliveries: 0,
+            redelivered: true,
+        });
         self.to_dispatch.insert(to);
         if let Some(stored) = self.stored.get(&msg.seq) {
             // One record moves it: its holders become the others plus the DLQ.
-            let mut holders: Vec<QueueKey> = stored.holders.iter().filter(|h| **h != from_key).cloned().collect();
+            let mut holders: Vec<QueueKey> = stored
+                .holders
+                .iter()
+                .filter(|h| **h != from_key)
+                .cloned()
+                .collect();
             holders.push(dlq);
-            let lsn = self.log(Record::Store { message: msg.clone(), holders: holders.clone() });
+            let lsn = self.log(Record::Store {
+                message: msg.clone(),
+                holders: holders.clone(),
+            });
             self.track_store(msg, holders, lsn);
         } else if msg.persistent && !msg.destination.is_temporary() && from_key.is_durable_kind() {
             unreachable!("persistent message in a durable queue is tracked");
@@ -662,8 +850,12 @@ impl Engine {
     /// `q` stops holding `msg`; durable bookkeeping follows.
     fn removed(&mut self, q: QueueId, msg: &Arc<Message>) {
         let key = self.queue(q).key.clone();
-        let Some(stored) = self.stored.get_mut(&msg.seq) else { return };
-        let Some(pos) = stored.holders.iter().position(|h| *h == key) else { return };
+        let Some(stored) = self.stored.get_mut(&msg.seq) else {
+            return;
+        };
+        let Some(pos) = stored.holders.iter().position(|h| *h == key) else {
+            return;
+        };
         stored.holders.swap_remove(pos);
         self.removes.entry(key).or_default().push(msg.seq);
         if stored.holders.is_empty() {
@@ -721,7 +913,8 @@ impl Engine {
             delivery_count: entry.deliveries,
             auto_ack,
         };
-        self.out.push(Output::Effect(Effect::Deliver { conn, delivery }));
+        self.out
+            .push(Output::Effect(Effect::Deliver { conn, delivery }));
         if auto_ack {
             // Acknowledged once handed over; the remove is logged after the delivery, so a
             // crash in between redelivers rather than loses it.
@@ -731,8 +924,14 @@ impl Engine {
             sub.tags.insert(tag, seq);
             sub.seq_tags.insert(seq, tag);
             c.deliveries.insert(tag, (sub_id.to_string(), seq));
-            let old = self.queue_mut(q).inflight.insert(seq, InFlight { entry, conn, tag });
-            assert!(old.is_none(), "message delivered twice at once from one queue");
+            let old = self
+                .queue_mut(q)
+                .inflight
+                .insert(seq, InFlight { entry, conn, tag });
+            assert!(
+                old.is_none(),
+                "message delivered twice at once from one queue"
+            );
         }
     }
 
@@ -780,12 +979,19 @@ impl Engine {
     }
 
     fn temp_queue(&mut self, owner: ConnId, name: &str) -> QueueId {
-        let key = QueueKey::Temp { owner, name: name.to_string() };
+        let key = QueueKey::Temp {
+            owner,
+            name: name.to_string(),
+        };
         if let Some(&q) = self.queue_ids.get(&key) {
             return q;
         }
         let q = self.add_queue(key);
-        self.conns.get_mut(&owner).expect("owner connected").temp_queues.push(q);
+        self.conns
+            .get_mut(&owner)
+            .expect("owner connected")
+            .temp_queues
+            .push(q);
         q
     }
 
@@ -805,8 +1011,14 @@ impl Engine {
     }
 
     fn apply_durable_subscribe(&mut self, client_id: &str, name: &str, topic: &str, lsn: u64) {
-        let key = QueueKey::Durable { client_id: client_id.to_string(), name: name.to_string() };
-        let live = LiveObject::DurableSub { client_id: client_id.to_string(), name: name.to_string() };
+        let key = QueueKey::Durable {
+            client_id: client_id.to_string(),
+            name: name.to_string(),
+        };
+        let live = LiveObject::DurableSub {
+            client_id: client_id.to_string(),
+            name: name.to_string(),
+        };
         let q = match self.queue_ids.get(&key) {
             Some(&q) => {
                 let queue = self.queue(q);
@@ -831,22 +1043,39 @@ impl Engine {
         queue.topic = Some(topic.to_string());
         queue.record_lsn = lsn;
         if attach {
-            self.topics.entry(Destination::Topic(topic.to_string())).or_default().push(q);
+            self.topics
+                .entry(Destination::Topic(topic.to_string()))
+                .or_default()
+                .push(q);
         }
         self.live.insert(lsn, live);
     }
 
     fn apply_durable_unsubscribe(&mut self, client_id: &str, name: &str) {
-        let key = QueueKey::Durable { client_id: client_id.to_string(), name: name.to_string() };
-        let Some(&q) = self.queue_ids.get(&key) else { return };
+        let key = QueueKey::Durable {
+            client_id: client_id.to_string(),
+            name: name.to_string(),
+        };
+        let Some(&q) = self.queue_ids.get(&key) else {
+            return;
+        };
         if let Some(topic) = self.queue(q).topic.clone() {
             self.detach_topic(&Destination::Topic(topic), q);
             let lsn = self.queue(q).record_lsn;
-            self.live.remove(lsn, &LiveObject::DurableSub { client_id: client_id.to_string(), name: name.to_string() });
+            self.live.remove(
+                lsn,
+                &LiveObject::DurableSub {
+                    client_id: client_id.to_string(),
+                    name: name.to_string(),
+                },
+            );
         }
         self.drop_durable_messages(q);
         let queue = self.remove_queue(q);
-        assert!(queue.consumers.is_empty(), "removing an active durable subscription");
+        assert!(
+            queue.consumers.is_empty(),
+            "removing an active durable subscription"
+        );
     }
 
     fn detach_topic(&mut self, topic: &Destination, q: QueueId) {
@@ -896,8 +1125,14 @@ impl Engine {
                     self.replay_store(m, h, lsn);
                 }
             }
-            Record::DurableSubscribe { client_id, name, topic } => self.apply_durable_subscribe(&client_id, &name, &topic, lsn),
-            Record::DurableUnsubscribe { client_id, name } => self.apply_durable_unsubscribe(&client_id, &name),
+            Record::DurableSubscribe {
+                client_id,
+                name,
+                topic,
+            } => self.apply_durable_subscribe(&client_id, &name, &topic, lsn),
+            Record::DurableUnsubscribe { client_id, name } => {
+                self.apply_durable_unsubscribe(&client_id, &name)
+            }
             Record::Checkpoint { next_seq } => self.next_seq = self.next_seq.max(next_seq),
         }
         Ok(())
@@ -905,7 +1140,11 @@ impl Engine {
 
     fn replay_store(&mut self, msg: Arc<Message>, holders: Vec<QueueKey>, lsn: u64) {
         self.next_seq = self.next_seq.max(msg.seq + 1);
-        let old: Vec<QueueKey> = self.stored.get(&msg.seq).map(|s| s.holders.clone()).unwrap_or_default();
+        let old: Vec<QueueKey> = self
+            .stored
+            .get(&msg.seq)
+            .map(|s| s.holders.clone())
+            .unwrap_or_default();
         for key in old.iter().filter(|k| !holders.contains(k)) {
             if let Some(&q) = self.queue_ids.get(key) {
                 self.queue_mut(q).remove_ready(&msg);
@@ -917,14 +1156,20 @@ impl Engine {
             let q = self.queue_for(key.clone());
             let queue = self.queue_mut(q);
             if !queue.contains(&msg) {
-                queue.push(Entry { msg: msg.clone(), deliveries: 0, redelivered: false });
+                queue.push(Entry {
+                    msg: msg.clone(),
+                    deliveries: 0,
+                    redelivered: false,
+                });
             }
         }
         self.track_store(msg, holders, lsn);
     }
 
     fn replay_remove(&mut self, key: &QueueKey, seq: u64) {
-        let Some(stored) = self.stored.get(&seq) else { return };
+        let Some(stored) = self.stored.get(&seq) else {
+            return;
+        };
         let msg = stored.msg.clone();
         if let Some(&q) = self.queue_ids.get(key) {
             self.queue_mut(q).remove_ready(&msg);
@@ -971,7 +1216,13 @@ impl Engine {
 
     /// Compaction: re-logs up to `max` live objects described below `lsn`, so the segments
     /// there can be deleted. Returns how many were re-logged.
-    pub fn relocate_below(&mut self, lsn_limit: u64, max: usize, ctx: Ctx, out: &mut Vec<Output>) -> usize {
+    pub fn relocate_below(
+        &mut self,
+        lsn_limit: u64,
+        max: usize,
+        ctx: Ctx,
+        out: &mut Vec<Output>,
+    ) -> usize {
         assert!(self.out.is_empty());
         self.lsn = ctx.next_lsn;
         let objects = self.live.below(lsn_limit, max);
@@ -981,13 +1232,27 @@ impl Engine {
                 LiveObject::Message(seq) => {
                     let stored = &self.stored[&seq];
                     let (msg, holders) = (stored.msg.clone(), stored.holders.clone());
-                    let lsn = self.log(Record::Store { message: msg.clone(), holders: holders.clone() });
+                    let lsn = self.log(Record::Store {
+                        message: msg.clone(),
+                        holders: holders.clone(),
+                    });
                     self.track_store(msg, holders, lsn);
                 }
                 LiveObject::DurableSub { client_id, name } => {
-                    let q = self.queue_ids[&QueueKey::Durable { client_id: client_id.clone(), name: name.clone() }];
-                    let topic = self.queue(q).topic.clone().expect("live durable subscription has a topic");
-                    let lsn = self.log(Record::DurableSubscribe { client_id: client_id.clone(), name: name.clone(), topic: topic.clone() });
+                    let q = self.queue_ids[&QueueKey::Durable {
+                        client_id: client_id.clone(),
+                        name: name.clone(),
+                    }];
+                    let topic = self
+                        .queue(q)
+                        .topic
+                        .clone()
+                        .expect("live durable subscription has a topic");
+                    let lsn = self.log(Record::DurableSubscribe {
+                        client_id: client_id.clone(),
+                        name: name.clone(),
+                        topic: topic.clone(),
+                    });
                     self.apply_durable_subscribe(&client_id, &name, &topic, lsn);
                 }
             }
@@ -1003,10 +1268,32 @@ impl Engine {
             .queues
             .iter()
             .flatten()
-            .map(|q| QueueStats { key: q.key.clone(), ready: q.ready_len(), inflight: q.inflight.len(), consumers: q.consumers.len() })
+            .map(|q| QueueStats {
+                key: q.key.clone(),
+                ready: q.ready_len(),
+                inflight: q.inflight.len(),
+                consumers: q.consumers.len(),
+            })
             .collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
+    }
+
+    /// Durable state: which durable queue holds which message seqs. Equal before a crash and
+    /// after replaying the log — the property recovery must keep.
+    pub fn durable_contents(&self) -> BTreeMap<QueueKey, BTreeSet<u64>> {
+        let mut m: BTreeMap<QueueKey, BTreeSet<u64>> = BTreeMap::new();
+        for q in self.queues.iter().flatten() {
+            if let QueueKey::Durable { .. } = q.key {
+                m.entry(q.key.clone()).or_default();
+            }
+        }
+        for (seq, s) in &self.stored {
+            for h in &s.holders {
+                m.entry(h.clone()).or_default().insert(*seq);
+            }
+        }
+        m
     }
 
     pub fn connection_count(&self) -> usize {
@@ -1019,7 +1306,13 @@ impl Engine {
             let mut tags = 0;
             for (sub_id, sub) in &c.subs {
                 let queue = self.queue(sub.queue);
-                assert!(queue.consumers.iter().any(|(cc, s)| cc == conn && s == sub_id), "subscription not attached to its queue");
+                assert!(
+                    queue
+                        .consumers
+                        .iter()
+                        .any(|(cc, s)| cc == conn && s == sub_id),
+                    "subscription not attached to its queue"
+                );
                 for (tag, seq) in &sub.tags {
                     let f = &queue.inflight[seq];
                     assert_eq!((f.conn, f.tag), (*conn, *tag));
@@ -1036,10 +1329,18 @@ impl Engine {
             assert!(!s.holders.is_empty());
             for h in &s.holders {
                 let q = self.queue(self.queue_ids[h]);
-                assert!(q.contains(&s.msg), "stored message {seq} missing from holder {h:?}");
+                assert!(
+                    q.contains(&s.msg),
+                    "stored message {seq} missing from holder {h:?}"
+                );
             }
         }
-        let subs = self.queues.iter().flatten().filter(|q| matches!(q.key, QueueKey::Durable { .. })).count();
+        let subs = self
+            .queues
+            .iter()
+            .flatten()
+            .filter(|q| matches!(q.key, QueueKey::Durable { .. }))
+            .count();
         assert_eq!(self.live.len(), self.stored.len() + subs);
     }
 }

@@ -55,6 +55,8 @@ impl LiveSet {
     }
 
     pub fn count_in(&self, lo: u64, hi: u64) -> usize {
-        self.by_lsn.range((lo, LiveObject::Message(0))..(hi, LiveObject::Message(0))).count()
+        self.by_lsn
+            .range((lo, LiveObject::Message(0))..(hi, LiveObject::Message(0)))
+            .count()
     }
 }

@@ -32,6 +32,12 @@ impl Message {
 
     /// Approximate memory/disk footprint, for limits and statistics.
     pub fn size_bytes(&self) -> usize {
-        self.body.len() + self.headers.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>() + 64
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>()
+            + 64
     }
 }

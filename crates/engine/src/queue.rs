@@ -71,7 +71,8 @@ impl Queue {
     }
 
     pub fn contains(&self, msg: &Message) -> bool {
-        self.ready.contains_key(&(Reverse(msg.priority), msg.seq)) || self.inflight.contains_key(&msg.seq)
+        self.ready.contains_key(&(Reverse(msg.priority), msg.seq))
+            || self.inflight.contains_key(&msg.seq)
     }
 
     pub fn ready_len(&self) -> usize {

@@ -14,15 +14,33 @@ use std::sync::Arc;
 pub enum Record {
     /// After this record, `message` is held by exactly `holders` (empty = gone). Written for a
     /// persistent SEND, a move to the DLQ, and when compaction re-logs a live message.
-    Store { message: Arc<Message>, holders: Vec<QueueKey> },
+    Store {
+        message: Arc<Message>,
+        holders: Vec<QueueKey>,
+    },
     /// Messages no longer held by `queue` (acknowledged, expired).
-    Remove { queue: QueueKey, seqs: Vec<u64> },
+    Remove {
+        queue: QueueKey,
+        seqs: Vec<u64>,
+    },
     /// A committed transaction: all of its stores and removes, atomically.
-    Commit { stores: Vec<(Arc<Message>, Vec<QueueKey>)>, removes: Vec<(QueueKey, u64)> },
-    DurableSubscribe { client_id: String, name: String, topic: String },
-    DurableUnsubscribe { client_id: String, name: String },
+    Commit {
+        stores: Vec<(Arc<Message>, Vec<QueueKey>)>,
+        removes: Vec<(QueueKey, u64)>,
+    },
+    DurableSubscribe {
+        client_id: String,
+        name: String,
+        topic: String,
+    },
+    DurableUnsubscribe {
+        client_id: String,
+        name: String,
+    },
     /// Keeps the message numbering monotonic after old segments are deleted.
-    Checkpoint { next_seq: u64 },
+    Checkpoint {
+        next_seq: u64,
+    },
 }
 
 const TAG_STORE: u8 = 1;
@@ -68,7 +86,11 @@ impl Record {
                     put_u64(out, *s);
                 }
             }
-            Record::DurableSubscribe { client_id, name, topic } => {
+            Record::DurableSubscribe {
+                client_id,
+                name,
+                topic,
+            } => {
                 out.push(TAG_DURABLE_SUBSCRIBE);
                 put_str(out, client_id);
                 put_str(out, name);
@@ -124,8 +146,15 @@ impl Record {
                 }
                 Record::Commit { stores, removes }
             }
-            TAG_DURABLE_SUBSCRIBE => Record::DurableSubscribe { client_id: r.string()?, name: r.string()?, topic: r.string()? },
-            TAG_DURABLE_UNSUBSCRIBE => Record::DurableUnsubscribe { client_id: r.string()?, name: r.string()? },
+            TAG_DURABLE_SUBSCRIBE => Record::DurableSubscribe {
+                client_id: r.string()?,
+                name: r.string()?,
+                topic: r.string()?,
+            },
+            TAG_DURABLE_UNSUBSCRIBE => Record::DurableUnsubscribe {
+                client_id: r.string()?,
+                name: r.string()?,
+            },
             TAG_CHECKPOINT => Record::Checkpoint { next_seq: r.u64()? },
             _ => return Err(r.err("unknown record tag")),
         };
@@ -207,7 +236,10 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn err(&self, reason: &'static str) -> RecordError {
-        RecordError { offset: self.pos, reason }
+        RecordError {
+            offset: self.pos,
+            reason,
+        }
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
         if self.bytes.len() - self.pos < n {
@@ -238,12 +270,17 @@ impl<'a> Reader<'a> {
     fn string(&mut self) -> Result<String, RecordError> {
         let n = self.u32()? as usize;
         let b = self.take(n)?;
-        std::str::from_utf8(b).map(str::to_string).map_err(|_| self.err("invalid UTF-8"))
+        std::str::from_utf8(b)
+            .map(str::to_string)
+            .map_err(|_| self.err("invalid UTF-8"))
     }
     fn queue(&mut self) -> Result<QueueKey, RecordError> {
         match self.u8()? {
             1 => Ok(QueueKey::Queue(self.string()?)),
-            2 => Ok(QueueKey::Durable { client_id: self.string()?, name: self.string()? }),
+            2 => Ok(QueueKey::Durable {
+                client_id: self.string()?,
+                name: self.string()?,
+            }),
             _ => Err(self.err("unknown queue kind")),
         }
     }
@@ -298,8 +335,8 @@ mod tests {
             body: Bytes::from(body),
             persistent: true,
             priority: (seq % 10) as u8,
-            expires_ms: seq * 3,
-            timestamp_ms: seq * 7,
+            expires_ms: seq.wrapping_mul(3),
+            timestamp_ms: seq.wrapping_mul(7),
         })
     }
 

@@ -72,7 +72,8 @@ impl Destination {
             2 => Destination::TempQueue { owner: conn, name },
             3 => Destination::TempTopic { owner: conn, name },
             _ => {
-                let (owner, rest) = parse_remote(&name).ok_or_else(|| DestinationError::BadRemoteTemp(text.to_string()))?;
+                let (owner, rest) = parse_remote(&name)
+                    .ok_or_else(|| DestinationError::BadRemoteTemp(text.to_string()))?;
                 if kind == 4 {
                     Destination::TempQueue { owner, name: rest }
                 } else {
@@ -87,7 +88,10 @@ impl Destination {
     }
 
     pub fn is_temporary(&self) -> bool {
-        matches!(self, Destination::TempQueue { .. } | Destination::TempTopic { .. })
+        matches!(
+            self,
+            Destination::TempQueue { .. } | Destination::TempTopic { .. }
+        )
     }
 }
 
@@ -108,8 +112,12 @@ impl fmt::Display for Destination {
         match self {
             Destination::Queue(n) => write!(f, "/queue/{n}"),
             Destination::Topic(n) => write!(f, "/topic/{n}"),
-            Destination::TempQueue { owner, name } => write!(f, "{REMOTE_TEMP_QUEUE}haven-{owner}-{name}"),
-            Destination::TempTopic { owner, name } => write!(f, "{REMOTE_TEMP_TOPIC}haven-{owner}-{name}"),
+            Destination::TempQueue { owner, name } => {
+                write!(f, "{REMOTE_TEMP_QUEUE}haven-{owner}-{name}")
+            }
+            Destination::TempTopic { owner, name } => {
+                write!(f, "{REMOTE_TEMP_TOPIC}haven-{owner}-{name}")
+            }
         }
     }
 }
@@ -161,10 +169,22 @@ mod tests {
 
     #[test]
     fn parses_every_kind_and_round_trips_remote_temp() {
-        assert_eq!(Destination::parse("/queue/a.b", 1).unwrap(), Destination::Queue("a.b".into()));
-        assert_eq!(Destination::parse("/topic/t", 1).unwrap(), Destination::Topic("t".into()));
+        assert_eq!(
+            Destination::parse("/queue/a.b", 1).unwrap(),
+            Destination::Queue("a.b".into())
+        );
+        assert_eq!(
+            Destination::parse("/topic/t", 1).unwrap(),
+            Destination::Topic("t".into())
+        );
         let tq = Destination::parse("/temp-queue/reply-1", 7).unwrap();
-        assert_eq!(tq, Destination::TempQueue { owner: 7, name: "reply-1".into() });
+        assert_eq!(
+            tq,
+            Destination::TempQueue {
+                owner: 7,
+                name: "reply-1".into()
+            }
+        );
         let shown = tq.to_string();
         assert_eq!(shown, "/remote-temp-queue/haven-7-reply-1");
         assert_eq!(Destination::parse(&shown, 9).unwrap(), tq);
@@ -172,10 +192,22 @@ mod tests {
 
     #[test]
     fn rejects_bad_names() {
-        assert!(matches!(Destination::parse("queue/a", 1), Err(DestinationError::UnknownPrefix(_))));
-        assert!(matches!(Destination::parse("/queue/", 1), Err(DestinationError::Empty(_))));
-        assert!(matches!(Destination::parse("/queue/a\u{1}", 1), Err(DestinationError::ControlCharacter(_))));
-        assert!(matches!(Destination::parse("/remote-temp-queue/x", 1), Err(DestinationError::BadRemoteTemp(_))));
+        assert!(matches!(
+            Destination::parse("queue/a", 1),
+            Err(DestinationError::UnknownPrefix(_))
+        ));
+        assert!(matches!(
+            Destination::parse("/queue/", 1),
+            Err(DestinationError::Empty(_))
+        ));
+        assert!(matches!(
+            Destination::parse("/queue/a\u{1}", 1),
+            Err(DestinationError::ControlCharacter(_))
+        ));
+        assert!(matches!(
+            Destination::parse("/remote-temp-queue/x", 1),
+            Err(DestinationError::BadRemoteTemp(_))
+        ));
         let long = format!("/queue/{}", "x".repeat(DESTINATION_NAME_BYTES_MAX + 1));
         assert_eq!(Destination::parse(&long, 1), Err(DestinationError::TooLong));
     }

@@ -1,0 +1,188 @@
+//! A harness that drives the engine like the server does: records get consecutive LSNs and a
+//! copy of the log is kept so a crash can be simulated by replaying it into a fresh engine.
+
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use haven_engine::*;
+
+pub struct Harness {
+    pub engine: Engine,
+    pub log: Vec<(u64, Vec<u8>)>,
+    pub next_lsn: u64,
+    pub now_ms: u64,
+    pub cfg: EngineConfig,
+}
+
+impl Harness {
+    pub fn new(cfg: EngineConfig) -> Harness {
+        Harness {
+            engine: Engine::new(cfg.clone()),
+            log: Vec::new(),
+            next_lsn: 1,
+            now_ms: 1_000,
+            cfg,
+        }
+    }
+
+    pub fn ctx(&self) -> Ctx {
+        Ctx {
+            now_ms: self.now_ms,
+            next_lsn: self.next_lsn,
+        }
+    }
+
+    fn absorb(&mut self, out: Vec<Output>) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for o in out {
+            match o {
+                Output::Log(r) => {
+                    let bytes = r.to_bytes();
+                    assert_eq!(Record::decode(&bytes).unwrap(), r);
+                    self.log.push((self.next_lsn, bytes));
+                    self.next_lsn += 1;
+                }
+                Output::Effect(e) => effects.push(e),
+            }
+        }
+        effects
+    }
+
+    pub fn cmd(&mut self, c: Command) -> Result<Vec<Effect>, EngineError> {
+        let mut out = Vec::new();
+        let ctx = self.ctx();
+        let r = self.engine.handle(c, ctx, &mut out);
+        if r.is_err() {
+            assert!(out.is_empty(), "an error must output nothing");
+        }
+        let effects = self.absorb(out);
+        self.engine.check_invariants();
+        r.map(|_| effects)
+    }
+
+    pub fn ok(&mut self, c: Command) -> Vec<Effect> {
+        self.cmd(c).expect("command accepted")
+    }
+
+    pub fn connect(&mut self, conn: ConnId, client_id: Option<&str>) {
+        self.ok(Command::Connect {
+            conn,
+            client_id: client_id.map(str::to_string),
+        });
+    }
+
+    pub fn subscribe(
+        &mut self,
+        conn: ConnId,
+        sub: &str,
+        dest: &str,
+        ack: AckMode,
+        prefetch: u32,
+    ) -> Vec<Effect> {
+        self.ok(Command::Subscribe {
+            conn,
+            sub_id: sub.into(),
+            destination: Destination::parse(dest, conn).unwrap(),
+            ack,
+            prefetch,
+            durable_name: None,
+            receipt: None,
+        })
+    }
+
+    pub fn send(&mut self, conn: ConnId, dest: &str, body: &str, persistent: bool) -> Vec<Effect> {
+        self.send_tx(conn, dest, body, persistent, None)
+    }
+
+    pub fn send_tx(
+        &mut self,
+        conn: ConnId,
+        dest: &str,
+        body: &str,
+        persistent: bool,
+        tx: Option<&str>,
+    ) -> Vec<Effect> {
+        self.ok(Command::Send {
+            conn,
+            destination: Destination::parse(dest, conn).unwrap(),
+            message: NewMessage {
+                headers: vec![("k".into(), "v".into())],
+                body: Bytes::from(body.to_string()),
+                persistent,
+                priority: 4,
+                expires_ms: 0,
+            },
+            transaction: tx.map(str::to_string),
+            receipt: Some(format!("r-{body}")),
+        })
+    }
+
+    pub fn ack(&mut self, conn: ConnId, tag: u64) -> Vec<Effect> {
+        self.ok(Command::Ack {
+            conn,
+            ack: AckRef::Tag(tag),
+            transaction: None,
+            receipt: None,
+        })
+    }
+
+    pub fn nack(&mut self, conn: ConnId, tag: u64) -> Vec<Effect> {
+        self.ok(Command::Nack {
+            conn,
+            ack: AckRef::Tag(tag),
+            transaction: None,
+            receipt: None,
+        })
+    }
+
+    pub fn close(&mut self, conn: ConnId) -> Vec<Effect> {
+        self.ok(Command::Close {
+            conn,
+            receipt: None,
+        })
+    }
+
+    /// A crash: a fresh engine rebuilt from the log alone.
+    pub fn crash_and_recover(&mut self) {
+        let mut e = Engine::new(self.cfg.clone());
+        for (lsn, bytes) in &self.log {
+            e.replay(*lsn, Record::decode(bytes).unwrap()).unwrap();
+        }
+        e.finish_recovery().unwrap();
+        e.check_invariants();
+        self.engine = e;
+    }
+
+    /// Deletes log records below the engine's live watermark (what segment deletion does).
+    pub fn truncate_dead_prefix(&mut self) {
+        let keep_from = self.engine.min_live_lsn().unwrap_or(self.next_lsn);
+        self.log.retain(|(lsn, _)| *lsn >= keep_from);
+    }
+}
+
+pub fn deliveries(effects: &[Effect]) -> Vec<(ConnId, Delivery)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Deliver { conn, delivery } => Some((*conn, delivery.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn bodies(effects: &[Effect]) -> Vec<String> {
+    deliveries(effects)
+        .iter()
+        .map(|(_, d)| String::from_utf8(d.message.body.to_vec()).unwrap())
+        .collect()
+}
+
+pub fn receipts(effects: &[Effect]) -> Vec<String> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Receipt { receipt, .. } => Some(receipt.clone()),
+            _ => None,
+        })
+        .collect()
+}
