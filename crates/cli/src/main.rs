@@ -1,1 +1,99 @@
-fn main() {}
+//! The `haven` binary: `haven run` serves a broker; `haven bench` measures any STOMP broker.
+
+mod bench;
+
+use clap::{Parser, Subcommand};
+use haven_server::{Config, Server};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "haven", version, about = "Haven: a highly available STOMP message broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a broker. Without flags: STOMP on 127.0.0.1:61613, journal in ./data.
+    Run {
+        /// Configuration file (haven.toml); every setting has a default.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// STOMP listen address; overrides stomp.listen.
+        #[arg(long)]
+        stomp: Option<SocketAddr>,
+        /// Journal directory; overrides journal.dir.
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// Benchmark a STOMP broker (Haven, ActiveMQ, RabbitMQ).
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match cli.command {
+        Cmd::Run { config, stomp, data } => runtime.block_on(run(config, stomp, data)),
+        Cmd::Bench(args) => match runtime.block_on(bench::run(args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("haven bench: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+async fn run(config: Option<PathBuf>, stomp: Option<SocketAddr>, data: Option<PathBuf>) -> ExitCode {
+    let mut cfg = match &config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("haven: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::default(),
+    };
+    if let Some(addr) = stomp {
+        cfg.stomp.listen = addr;
+    }
+    if let Some(dir) = data {
+        cfg.journal.dir = dir;
+    }
+    let server = match Server::start(cfg).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("haven: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let stopper = server.stopper();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("stopping on signal");
+        let _ = stopper.send(true);
+    });
+    match server.wait().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("haven: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

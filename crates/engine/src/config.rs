@@ -21,6 +21,8 @@ pub struct EngineConfig {
     pub prefetch_max: u32,
     /// SENDs plus ACKs one transaction may hold.
     pub transaction_ops_max: usize,
+    /// Body and header bytes one transaction's SENDs may hold: its commit is one log record.
+    pub transaction_bytes_max: usize,
     pub transactions_per_connection_max: usize,
     pub subscriptions_per_connection_max: usize,
     /// Messages buffered for one non-durable topic subscriber that is not keeping up; beyond
@@ -38,6 +40,7 @@ impl Default for EngineConfig {
             prefetch_default: 1000,
             prefetch_max: 65_536,
             transaction_ops_max: 100_000,
+            transaction_bytes_max: 16 * 1024 * 1024,
             transactions_per_connection_max: 1_000,
             subscriptions_per_connection_max: 10_000,
             topic_subscriber_pending_max: 100_000,

@@ -53,6 +53,7 @@ struct Sub {
 #[derive(Debug, Default)]
 struct Tx {
     sends: Vec<(Destination, NewMessage)>,
+    send_bytes: usize,
     /// Deliveries acknowledged (true) or refused (false) inside the transaction.
     acks: Vec<(u64, bool)>,
     acked_tags: BTreeSet<u64>,
@@ -615,10 +616,25 @@ impl Engine {
         message: NewMessage,
     ) -> Result<(), EngineError> {
         let max = self.cfg.transaction_ops_max;
+        let bytes_max = self.cfg.transaction_bytes_max;
         let t = self.tx_mut(conn, tx)?;
         if t.sends.len() + t.acks.len() >= max {
             return Err(EngineError::TransactionTooLarge(tx.to_string(), max));
         }
+        let bytes = message.body.len()
+            + message
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 16)
+                .sum::<usize>()
+            + 128;
+        if t.send_bytes + bytes > bytes_max {
+            return Err(EngineError::TransactionBytesTooLarge(
+                tx.to_string(),
+                bytes_max,
+            ));
+        }
+        t.send_bytes += bytes;
         t.sends.push((destination, message));
         Ok(())
     }
@@ -796,10 +812,9 @@ impl Engine {
             .entry;
         entry.redelivered = true;
         let dlq = self.dlq_for(q, &entry.msg);
-        if entry.deliveries > self.cfg.redeliveries_max && dlq.is_some() {
-            self.dead_letter(q, entry, dlq.expect("checked"));
-        } else {
-            self.queue_mut(q).push(entry);
+        match dlq {
+            Some(dlq) if entry.deliveries > self.cfg.redeliveries_max => self.dead_letter(q, entry, dlq),
+            _ => self.queue_mut(q).push(entry),
         }
     }
 

@@ -29,6 +29,8 @@ pub enum EngineError {
     UnknownTransaction(String),
     #[error("transaction '{0}' holds more than {1} operations")]
     TransactionTooLarge(String, usize),
+    #[error("transaction '{0}' holds more than {1} bytes of messages")]
+    TransactionBytesTooLarge(String, usize),
     #[error("too many subscriptions on this connection (limit {0})")]
     TooManySubscriptions(usize),
     #[error("too many open transactions on this connection (limit {0})")]

@@ -1,1 +1,188 @@
-//! haven-server (placeholder, being written)
+//! The standalone broker: listeners, connections and the core task that ties the engine to
+//! the journal. `Server::start` recovers the journal, then serves STOMP until `shutdown`.
+
+mod auth;
+pub mod config;
+mod connection;
+mod core;
+mod error;
+mod lock;
+
+pub use config::Config;
+pub use error::ServerError;
+
+use crate::connection::Shared;
+use crate::core::Core;
+use haven_engine::{DlqPolicy, Engine, EngineConfig, Record};
+use haven_journal::{Journal, JournalConfig};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// Commands queued to the core before connections wait (backpressure on producers).
+const CORE_QUEUE_COMMANDS_MAX: usize = 16_384;
+
+pub struct Server {
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    core: JoinHandle<Result<(), ServerError>>,
+    accept: JoinHandle<()>,
+    _lock: lock::DirLock,
+}
+
+fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineConfig {
+    let d = &c.delivery;
+    EngineConfig {
+        redeliveries_max: d.redeliveries_max,
+        dlq: match d.dlq {
+            config::DlqMode::Shared => DlqPolicy::Shared(d.dlq_name.clone()),
+            config::DlqMode::PerDestination => DlqPolicy::PerDestination {
+                prefix: d.dlq_prefix.clone(),
+            },
+        },
+        prefetch_default: d.prefetch_default,
+        prefetch_max: d.prefetch_max,
+        transaction_ops_max: c.limits.transaction_ops_max,
+        // A commit is one record: it must fit in a journal record.
+        transaction_bytes_max: record_bytes_max.saturating_sub(64 * 1024).max(1024),
+        transactions_per_connection_max: c.limits.transactions_per_connection_max,
+        subscriptions_per_connection_max: c.limits.subscriptions_per_connection_max,
+        topic_subscriber_pending_max: d.topic_subscriber_pending_max,
+        boot_id,
+    }
+}
+
+impl Server {
+    /// Recovers the journal and starts listening. Returns once clients can connect.
+    pub async fn start(config: Config) -> Result<Server, ServerError> {
+        config.validate(std::path::Path::new("<flags>"))?;
+        let dir = config.journal.dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| ServerError::DataDir {
+            dir: dir.clone(),
+            reason: e.to_string(),
+        })?;
+        let lock = lock::DirLock::acquire(&dir)?;
+        let boot_id = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut jcfg = JournalConfig::new(dir.clone());
+        jcfg.segment_bytes = config.journal.segment_bytes;
+        jcfg.batch_bytes_max = config.journal.batch_bytes_max;
+        let record_bytes_max = jcfg.record_bytes_max();
+        let mut engine = Engine::new(engine_config(&config, boot_id, record_bytes_max));
+        let started = Instant::now();
+        let mut records = 0u64;
+        let journal = tokio::task::block_in_place(|| {
+            Journal::open(jcfg, |lsn, payload| {
+                records += 1;
+                let record = Record::decode(payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
+                engine.replay(lsn, record)
+            })
+        })?;
+        engine.finish_recovery().map_err(ServerError::Recovery)?;
+        let messages: usize = engine.queue_stats().iter().map(|q| q.ready).sum();
+        tracing::info!(
+            records,
+            messages,
+            durable_objects = engine.live_count(),
+            ms = started.elapsed().as_millis() as u64,
+            dir = %dir.display(),
+            "journal recovered"
+        );
+        let listener = TcpListener::bind(config.stomp.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: config.stomp.listen,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: config.stomp.listen,
+            source,
+        })?;
+        let (core_tx, core_rx) = mpsc::channel(CORE_QUEUE_COMMANDS_MAX);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let maintenance = Duration::from_millis(config.journal.maintenance_interval_ms);
+        let core = Core::new(engine, journal, config.journal.compaction_records_max);
+        let core = tokio::spawn(core.run(core_rx, stop_rx.clone(), maintenance));
+        let shared = Arc::new(Shared {
+            users: auth::Users::new(config.users.clone()),
+            config,
+            core: core_tx,
+        });
+        let accept = tokio::spawn(accept_loop(listener, shared, stop_rx));
+        tracing::info!(stomp = %local_addr, "haven listening");
+        Ok(Server {
+            local_addr,
+            stop: stop_tx,
+            core,
+            accept,
+            _lock: lock,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Runs until the core stops: after `shutdown`, or at once if the journal fails.
+    pub async fn wait(self) -> Result<(), ServerError> {
+        let result = match self.core.await {
+            Ok(r) => r,
+            Err(e) => Err(ServerError::JournalFailed(format!(
+                "core task panicked: {e}"
+            ))),
+        };
+        self.accept.abort();
+        result
+    }
+
+    /// Stops accepting, makes everything appended durable, answers what completed.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        let _ = self.stop.send(true);
+        self.wait().await
+    }
+
+    /// A handle that stops the server from elsewhere (signal handlers).
+    pub fn stopper(&self) -> watch::Sender<bool> {
+        self.stop.clone()
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+    let open = Arc::new(AtomicUsize::new(0));
+    let max = shared.config.stomp.connections_max;
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and the like: back off rather than spin.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if open.load(Ordering::Relaxed) >= max {
+            tracing::warn!(%peer, max, "connection refused: connections_max reached");
+            tokio::spawn(connection::refuse(stream, "too many connections"));
+            continue;
+        }
+        open.fetch_add(1, Ordering::Relaxed);
+        let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        let shared = shared.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            connection::serve(stream, conn, shared).await;
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}

@@ -1,0 +1,62 @@
+//! Journal configuration and the limits derived from it.
+//!
+//! Every limit carries its unit in its name. The record size limit is derived from the segment
+//! size (half of a segment's record area) so that a record always fits in an empty segment and
+//! rolling over wastes at most half a segment.
+
+use std::path::PathBuf;
+
+use crate::record::RECORD_HEADER_BYTES;
+use crate::segment::SEGMENT_HEADER_BYTES;
+
+/// Default size of one segment file: 64 MiB.
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Default for the most bytes written by one write + fdatasync: 4 MiB.
+pub const BATCH_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+/// Smallest segment accepted: 4 KiB (one page).
+pub const SEGMENT_BYTES_MIN: u64 = 4096;
+/// Largest segment accepted: 1 GiB, so record lengths stay far inside `u32`.
+pub const SEGMENT_BYTES_MAX: u64 = 1024 * 1024 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    /// Directory holding the segment files; created by `Journal::open` if missing. One journal per
+    /// directory (the spare file has a fixed name).
+    pub dir: PathBuf,
+    /// Size of each segment file, preallocated with zeros. Default 64 MiB.
+    pub segment_bytes: u64,
+    /// Most bytes written per write + fdatasync batch (a single larger record is written alone).
+    /// Default 4 MiB.
+    pub batch_bytes_max: usize,
+}
+
+impl JournalConfig {
+    /// A configuration with default limits.
+    pub fn new(dir: impl Into<PathBuf>) -> JournalConfig {
+        JournalConfig {
+            dir: dir.into(),
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+        }
+    }
+
+    /// Largest payload `Journal::append` accepts: half of a segment's record area minus one
+    /// record header (about 32 MiB with the default segment size).
+    pub fn record_bytes_max(&self) -> usize {
+        let area = self.segment_bytes.saturating_sub(SEGMENT_HEADER_BYTES);
+        ((area / 2) as usize).saturating_sub(RECORD_HEADER_BYTES)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.segment_bytes) {
+            return Err(format!(
+                "segment_bytes {} outside {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}",
+                self.segment_bytes
+            ));
+        }
+        if self.batch_bytes_max == 0 {
+            return Err("batch_bytes_max must be > 0".to_string());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,435 @@
+//! Recovery: turns the files in the journal directory back into an LSN sequence.
+//!
+//! Each segment is streamed once through a buffered reader (one record in memory at a time) and
+//! every valid record is handed to the caller's `on_record`. The question recovery must answer
+//! for damaged bytes is "torn tail or corruption?":
+//!
+//! * Torn tail — only possible in the last segment, where the writer was when the process or
+//!   machine died, and only if nothing valid follows the damage. Nothing after the damage was
+//!   ever reported durable (durability is published only after fdatasync of everything before
+//!   it), so the tail is zeroed (a logical truncation that keeps the preallocation) with a warning.
+//! * Anything else — a bad record in a sealed segment, a bad record or zero-length marker in
+//!   the last segment followed by a valid record, a record with a valid CRC but the wrong LSN,
+//!   or segments whose LSNs do not join up — is `JournalError::Corrupt` naming the file and
+//!   offset. Data that was reported durable may be involved, so it is never skipped.
+//!
+//! "Followed by a valid record" is found by scanning every byte offset after the damage for a
+//! header whose length fits, whose LSN is in the plausible range and whose CRC matches.
+//!
+//! Caveat the broker must know: after a power loss in the middle of one write+fdatasync batch,
+//! the disk may have persisted a later page of that batch but not an earlier one. That also
+//! looks like "a bad record followed by a valid one" and is reported as `Corrupt`, although no
+//! durable data was lost. We choose the false alarm (refuse to start) over the risk of silently
+//! dropping records that were acknowledged; the rule of the brief.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+use crate::fs::FileOps;
+use crate::record::{RecordHeader, RECORD_HEADER_BYTES};
+use crate::segment::{
+    decode_header, encode_header, parse_segment_file_name, ActiveSegment, Spare,
+    SEGMENT_HEADER_BYTES, TMP_SUFFIX,
+};
+use crate::{JournalConfig, JournalError, Lsn, SegmentInfo};
+
+/// Buffer of the reader that streams a segment: 1 MiB.
+const READ_BUFFER_BYTES: usize = 1024 * 1024;
+/// Window of the scan for valid records after damage: 1 MiB.
+const SCAN_WINDOW_BYTES: usize = 1024 * 1024;
+/// Chunk of zeros written when zeroing a torn tail: 1 MiB.
+pub(crate) const ZERO_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The replay callback of `Journal::open`.
+pub(crate) type OnRecord<'a> = dyn FnMut(Lsn, &[u8]) -> Result<(), String> + 'a;
+
+pub(crate) struct Recovered {
+    pub segments: Vec<SegmentInfo>,
+    pub active: ActiveSegment,
+    pub next_lsn: Lsn,
+}
+
+/// How reading a segment's records ended.
+enum Stop {
+    /// A zero length, or the end of the file exactly at a record boundary.
+    End,
+    /// Damaged or incomplete record.
+    Bad(String),
+}
+
+pub(crate) fn recover(
+    config: &JournalConfig,
+    ops: &dyn FileOps,
+    on_record: &mut OnRecord<'_>,
+) -> Result<Recovered, JournalError> {
+    let dir = &config.dir;
+    std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
+
+    let mut segment_files: Vec<(Lsn, PathBuf)> = Vec::new();
+    let mut removed_tmp = false;
+    for entry in std::fs::read_dir(dir).map_err(|e| JournalError::io(dir, e))? {
+        let entry = entry.map_err(|e| JournalError::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(base) = parse_segment_file_name(name) {
+            segment_files.push((base, entry.path()));
+        } else if name.ends_with(TMP_SUFFIX) {
+            // A spare being prepared, or one that got its header but was never renamed: nothing
+            // in it was reported durable.
+            warn!(path = %entry.path().display(), "journal: removing leftover temporary file");
+            ops.remove(&entry.path())
+                .map_err(|e| JournalError::io(entry.path(), e))?;
+            removed_tmp = true;
+        }
+    }
+    if removed_tmp {
+        ops.sync_dir(dir).map_err(|e| JournalError::io(dir, e))?;
+    }
+    segment_files.sort();
+
+    if segment_files.is_empty() {
+        info!(dir = %dir.display(), "journal: empty directory, creating first segment");
+        let active = create_segment(dir, config.segment_bytes, ops, 1)?;
+        return Ok(Recovered {
+            segments: vec![SegmentInfo {
+                base_lsn: 1,
+                end_lsn: 1,
+                bytes: active.write_pos,
+                sealed: false,
+            }],
+            active,
+            next_lsn: 1,
+        });
+    }
+
+    let mut segments = Vec::with_capacity(segment_files.len());
+    let mut expected: Option<(Lsn, PathBuf)> = None;
+    let count = segment_files.len();
+    let mut active = None;
+    let mut next_lsn = 0;
+    for (i, (name_base, path)) in segment_files.into_iter().enumerate() {
+        let last = i + 1 == count;
+        let (seg, end_lsn) = recover_segment(
+            config,
+            ops,
+            &path,
+            name_base,
+            last,
+            expected.as_ref(),
+            on_record,
+        )?;
+        segments.push(SegmentInfo {
+            base_lsn: name_base,
+            end_lsn,
+            bytes: seg.write_pos,
+            sealed: !last,
+        });
+        expected = Some((end_lsn, path));
+        if last {
+            next_lsn = end_lsn;
+            active = Some(seg);
+        }
+    }
+    let active = active.expect("at least one segment");
+    info!(
+        dir = %dir.display(),
+        segments = segments.len(),
+        next_lsn,
+        "journal: recovered"
+    );
+    Ok(Recovered {
+        segments,
+        active,
+        next_lsn,
+    })
+}
+
+/// Creates a complete segment synchronously (used when the directory is empty).
+fn create_segment(
+    dir: &Path,
+    segment_bytes: u64,
+    ops: &dyn FileOps,
+    base_lsn: Lsn,
+) -> Result<ActiveSegment, JournalError> {
+    let mut spare = Spare::create(dir, segment_bytes).map_err(|e| JournalError::io(dir, e))?;
+    let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+    spare
+        .finish(ops, &zeros)
+        .map_err(|(_, e)| JournalError::io(spare.path(), e))?;
+    spare
+        .into_segment(ops, dir, base_lsn)
+        .map_err(|(_, p, e)| JournalError::io(p, e))
+}
+
+fn corrupt(segment: &Path, offset: u64, reason: impl Into<String>) -> JournalError {
+    JournalError::Corrupt {
+        segment: segment.to_path_buf(),
+        offset,
+        reason: reason.into(),
+    }
+}
+
+/// Recovers one segment; returns it (positioned for appending) and its end LSN.
+fn recover_segment(
+    config: &JournalConfig,
+    ops: &dyn FileOps,
+    path: &Path,
+    name_base: Lsn,
+    last: bool,
+    expected: Option<&(Lsn, PathBuf)>,
+    on_record: &mut OnRecord<'_>,
+) -> Result<(ActiveSegment, Lsn), JournalError> {
+    let io = |e| JournalError::io(path, e);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(last)
+        .open(path)
+        .map_err(io)?;
+    let file_len = file.metadata().map_err(io)?.len();
+
+    if let Some((expected_base, prev)) = expected {
+        if name_base != *expected_base {
+            return Err(corrupt(
+                path,
+                0,
+                format!(
+                    "LSN gap: previous segment {} ends before LSN {expected_base} but this segment starts at LSN {name_base}",
+                    prev.display()
+                ),
+            ));
+        }
+    }
+
+    // Header.
+    let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
+    let header_len = file_len.min(SEGMENT_HEADER_BYTES) as usize;
+    file.read_exact_at(&mut header[..header_len], 0)
+        .map_err(io)?;
+    let header_zero = header.iter().all(|&b| b == 0);
+    if header_zero && last {
+        // Not produced by this writer (headers are synced before the rename), but a file system
+        // that reorders may leave it; an empty last segment is harmless if nothing valid is in it.
+        let scan = scan_for_valid(&file, SEGMENT_HEADER_BYTES, file_len, name_base).map_err(io)?;
+        if let Some((offset, lsn)) = scan.valid {
+            return Err(corrupt(
+                path,
+                0,
+                format!(
+                    "segment header is zero but a valid record LSN {lsn} is at offset {offset}"
+                ),
+            ));
+        }
+        warn!(path = %path.display(), "journal: last segment has a zero header; rewriting it as empty");
+        ops.write_at(&file, &encode_header(name_base), 0)
+            .map_err(io)?;
+        let mut seg = active_segment(file, path, name_base, file_len, SEGMENT_HEADER_BYTES);
+        zero_tail(ops, &mut seg, config.segment_bytes).map_err(io)?;
+        return Ok((seg, name_base));
+    }
+    if header_len < SEGMENT_HEADER_BYTES as usize {
+        return Err(corrupt(
+            path,
+            0,
+            format!("segment shorter ({file_len} bytes) than its header"),
+        ));
+    }
+    let base = decode_header(&header).map_err(|reason| corrupt(path, 0, reason))?;
+    if base != name_base {
+        return Err(corrupt(
+            path,
+            0,
+            format!("segment header says base LSN {base}, file name says {name_base}"),
+        ));
+    }
+
+    // Records.
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, &file);
+    reader
+        .seek(SeekFrom::Start(SEGMENT_HEADER_BYTES))
+        .map_err(io)?;
+    let mut pos = SEGMENT_HEADER_BYTES;
+    let mut lsn = base;
+    let mut payload = Vec::new();
+    let stop = loop {
+        let available = file_len - pos;
+        if available == 0 {
+            break Stop::End;
+        }
+        let mut hbytes = [0u8; RECORD_HEADER_BYTES];
+        let hlen = available.min(RECORD_HEADER_BYTES as u64) as usize;
+        reader.read_exact(&mut hbytes[..hlen]).map_err(io)?;
+        if hbytes[..hlen.min(4)].iter().all(|&b| b == 0) {
+            break Stop::End;
+        }
+        if hlen < RECORD_HEADER_BYTES {
+            break Stop::Bad(format!(
+                "incomplete record header ({hlen} of {RECORD_HEADER_BYTES} bytes)"
+            ));
+        }
+        let h = RecordHeader::decode(&hbytes);
+        let Some(total) = h.encoded_bytes() else {
+            break Stop::Bad(format!("record length {} too small", h.len));
+        };
+        if total as u64 > available {
+            break Stop::Bad(format!(
+                "record length {} runs past the end of the segment ({available} bytes left)",
+                h.len
+            ));
+        }
+        payload.resize(total - RECORD_HEADER_BYTES, 0);
+        reader.read_exact(&mut payload).map_err(io)?;
+        if !h.crc_matches(&payload) {
+            break Stop::Bad(format!("CRC mismatch (record claims LSN {})", h.lsn));
+        }
+        if h.lsn != lsn {
+            // A record that checks out but is not the next one: never a torn write.
+            return Err(corrupt(
+                path,
+                pos,
+                format!("LSN gap: expected LSN {lsn}, found {}", h.lsn),
+            ));
+        }
+        on_record(lsn, &payload).map_err(JournalError::Replay)?;
+        pos += total as u64;
+        lsn += 1;
+    };
+    drop(reader);
+
+    match stop {
+        Stop::End if !last => {}
+        Stop::Bad(reason) if !last => {
+            return Err(corrupt(path, pos, format!("{reason} in a sealed segment")));
+        }
+        Stop::End | Stop::Bad(_) => {
+            let bad = match &stop {
+                Stop::Bad(reason) => Some(reason.clone()),
+                Stop::End => None,
+            };
+            // The damaged record itself must not be found again: start one byte later.
+            let from = if bad.is_some() { pos + 1 } else { pos };
+            let scan = scan_for_valid(&file, from, file_len, lsn).map_err(io)?;
+            if let Some((offset, found)) = scan.valid {
+                let what = bad.as_deref().unwrap_or("end-of-log marker (zero length)");
+                return Err(corrupt(
+                    path,
+                    pos,
+                    format!("{what} followed by a valid record LSN {found} at offset {offset}"),
+                ));
+            }
+            if let Some(reason) = &bad {
+                warn!(
+                    path = %path.display(),
+                    offset = pos,
+                    next_lsn = lsn,
+                    "journal: torn tail ({reason}); truncating"
+                );
+            } else if scan.nonzero {
+                warn!(
+                    path = %path.display(),
+                    offset = pos,
+                    "journal: garbage after the end of the log; zeroing it"
+                );
+            }
+        }
+    }
+
+    let mut seg = active_segment(file, path, base, file_len, pos);
+    if last {
+        zero_tail(ops, &mut seg, config.segment_bytes).map_err(io)?;
+    }
+    Ok((seg, lsn))
+}
+
+fn active_segment(file: File, path: &Path, base: Lsn, file_len: u64, pos: u64) -> ActiveSegment {
+    ActiveSegment {
+        file,
+        path: path.to_path_buf(),
+        base_lsn: base,
+        capacity_bytes: file_len,
+        write_pos: pos,
+    }
+}
+
+/// Zeroes the active segment from its write position to its end (extending it to
+/// `segment_bytes` if it is shorter) if anything there is not zero, then fsyncs.
+fn zero_tail(
+    ops: &dyn FileOps,
+    seg: &mut ActiveSegment,
+    segment_bytes: u64,
+) -> std::io::Result<()> {
+    let target = seg.capacity_bytes.max(segment_bytes);
+    let scan = scan_for_valid(&seg.file, seg.write_pos, seg.capacity_bytes, Lsn::MAX)?;
+    if !scan.nonzero && target == seg.capacity_bytes {
+        return Ok(());
+    }
+    let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+    let mut at = seg.write_pos;
+    while at < target {
+        let n = (target - at).min(ZERO_CHUNK_BYTES as u64);
+        ops.write_at(&seg.file, &zeros[..n as usize], at)?;
+        at += n;
+    }
+    ops.sync_all(&seg.file)?;
+    seg.capacity_bytes = target;
+    Ok(())
+}
+
+struct Scan {
+    /// First valid record found: (offset, lsn).
+    valid: Option<(u64, Lsn)>,
+    /// Whether any byte scanned (up to the valid record, if found) is not zero.
+    nonzero: bool,
+}
+
+/// Looks at every offset in `[from, file_len)` for a record with LSN >= `lsn_min` whose length
+/// fits and whose CRC matches. Reads a window at a time; verifies candidates with positional
+/// reads. Records are at least 16 bytes, which bounds the plausible LSNs.
+fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::io::Result<Scan> {
+    let mut scan = Scan {
+        valid: None,
+        nonzero: false,
+    };
+    if from >= file_len {
+        return Ok(scan);
+    }
+    let lsn_span = (file_len - from) / RECORD_HEADER_BYTES as u64 + 1;
+    let mut window = vec![0u8; SCAN_WINDOW_BYTES];
+    let mut payload = Vec::new();
+    let mut at = from;
+    while at < file_len {
+        let n = (file_len - at).min(SCAN_WINDOW_BYTES as u64) as usize;
+        file.read_exact_at(&mut window[..n], at)?;
+        let w = &window[..n];
+        let starts = n.saturating_sub(RECORD_HEADER_BYTES - 1);
+        // A header starting in an all-zero window has a zero length unless it straddles the
+        // window edge; the overlap below re-reads those offsets in the next window.
+        let zero = w.iter().all(|&b| b == 0);
+        scan.nonzero |= !zero;
+        for s in (0..starts).filter(|_| !zero) {
+            let h = RecordHeader::decode(w[s..s + RECORD_HEADER_BYTES].try_into().unwrap());
+            let offset = at + s as u64;
+            let Some(total) = h.encoded_bytes() else {
+                continue;
+            };
+            if h.lsn < lsn_min || h.lsn - lsn_min >= lsn_span || offset + total as u64 > file_len {
+                continue;
+            }
+            payload.resize(total - RECORD_HEADER_BYTES, 0);
+            file.read_exact_at(&mut payload, offset + RECORD_HEADER_BYTES as u64)?;
+            if h.crc_matches(&payload) {
+                scan.valid = Some((offset, h.lsn));
+                return Ok(scan);
+            }
+        }
+        if at + n as u64 == file_len {
+            break;
+        }
+        // Overlap so headers straddling the window edge are seen.
+        at += starts.max(1) as u64;
+    }
+    Ok(scan)
+}

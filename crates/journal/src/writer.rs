@@ -1,0 +1,282 @@
+//! The writer thread: the only owner of the segment files after recovery.
+//!
+//! Group commit: callers encode records into their own buffer (`Journal::append`) and hand it
+//! over with `Journal::flush`, which appends it to `Queue::buf` under the queue mutex and wakes
+//! the writer. The writer swaps the queued buffer with its own empty one (buffers are recycled,
+//! not reallocated), releases the lock, and does write + fdatasync while new appends accumulate
+//! for the next batch, so every producer that flushed during one fdatasync shares the next one.
+//! After each fdatasync the highest LSN written is published on the durable watch channel.
+//!
+//! One batch is written in chunks of at most `batch_bytes_max` bytes, each with its own
+//! fdatasync, and never across a segment boundary: a record that does not fit in the active
+//! segment rolls over to the spare (see `segment.rs`), which is zero-filled between batches at
+//! least as fast as the active segment fills so rolling over rarely waits for it.
+//!
+//! Failure: the first failed write, fdatasync, rename or directory fsync is published as
+//! `Err(JournalFailure)` and the writer never touches the files again (it keeps draining the
+//! queue so memory does not grow, and waits to be closed). Retrying an fsync is unsafe.
+//!
+//! Locks (never held together): `Shared::queue` by `flush`/`release_before`/`close` and the
+//! writer; `Shared::segments` by `segments`/`release_before` and the writer (which updates
+//! the last entry after each sync and seals it on roll over). Files: only this thread writes,
+//! renames or deletes them.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use crate::fs::FileOps;
+use crate::record::next_record;
+use crate::recovery::ZERO_CHUNK_BYTES;
+use crate::segment::{ActiveSegment, Spare, SEGMENT_HEADER_BYTES};
+use crate::{JournalFailure, Lsn, SegmentInfo};
+
+/// Zeros written to the spare per idle step (and at least this much after each batch): 1 MiB.
+const SPARE_STEP_BYTES: u64 = 1024 * 1024;
+
+pub(crate) type DurableSender = watch::Sender<Result<Lsn, JournalFailure>>;
+
+#[derive(Default)]
+pub(crate) struct Queue {
+    /// Encoded records flushed by the caller and not yet taken by the writer.
+    pub buf: Vec<u8>,
+    /// Sealed segment files to delete, oldest first.
+    pub deletes: Vec<PathBuf>,
+    /// Set by close/drop after the final flush: write what is queued, then exit.
+    pub closing: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub queue: Mutex<Queue>,
+    pub wake: Condvar,
+    pub segments: Mutex<Vec<SegmentInfo>>,
+    /// Record batches written + fdatasync'ed (for `Journal::stats`).
+    pub batches: AtomicU64,
+    /// Record bytes written.
+    pub record_bytes: AtomicU64,
+}
+
+pub(crate) struct Writer {
+    pub dir: PathBuf,
+    pub segment_bytes: u64,
+    pub batch_bytes_max: usize,
+    pub ops: Arc<dyn FileOps>,
+    pub shared: Arc<Shared>,
+    pub durable_tx: Arc<DurableSender>,
+    pub active: ActiveSegment,
+    pub durable_lsn: Lsn,
+    pub spare: Option<Spare>,
+    pub zeros: Vec<u8>,
+    pub batch: Vec<u8>,
+    pub failed: bool,
+}
+
+type Failure = JournalFailure;
+
+fn failure(op: &'static str, path: &Path, e: std::io::Error) -> Failure {
+    JournalFailure {
+        op,
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+impl Writer {
+    pub fn run(mut self) {
+        loop {
+            let (deletes, closing) = {
+                let mut q = self.shared.queue.lock().unwrap();
+                while q.buf.is_empty()
+                    && q.deletes.is_empty()
+                    && !q.closing
+                    && !self.spare_needs_work()
+                {
+                    q = self.shared.wake.wait(q).unwrap();
+                }
+                debug_assert!(self.batch.is_empty());
+                std::mem::swap(&mut self.batch, &mut q.buf);
+                (std::mem::take(&mut q.deletes), q.closing)
+            };
+            let written = self.batch.len() as u64;
+            if !self.failed && !self.batch.is_empty() {
+                if let Err(f) = self.write_batch() {
+                    self.fail(f);
+                }
+            }
+            self.batch.clear();
+            if !self.failed {
+                for path in deletes {
+                    if let Err(f) = self.delete(&path) {
+                        self.fail(f);
+                        break;
+                    }
+                }
+            }
+            if closing {
+                if let Some(spare) = self.spare.take() {
+                    let _ = self.ops.remove(spare.path());
+                }
+                return;
+            }
+            if !self.failed {
+                if let Err(f) = self.spare_step(written.max(SPARE_STEP_BYTES)) {
+                    self.fail(f);
+                }
+            }
+        }
+    }
+
+    fn spare_needs_work(&self) -> bool {
+        !self.failed && !self.spare.as_ref().is_some_and(Spare::is_ready)
+    }
+
+    fn spare_step(&mut self, bytes_max: u64) -> Result<(), Failure> {
+        if self.spare.is_none() {
+            let spare = Spare::create(&self.dir, self.segment_bytes)
+                .map_err(|e| failure("create spare", &self.dir, e))?;
+            self.spare = Some(spare);
+        }
+        let spare = self.spare.as_mut().unwrap();
+        if !spare.is_ready() {
+            spare
+                .fill_step(&*self.ops, &self.zeros, bytes_max)
+                .map_err(|(op, e)| failure(op, spare.path(), e))?;
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, f: Failure) {
+        error!(op = f.op, path = %f.path.display(), error = %f.message,
+            "journal: write path failed; no further writes, durability stops at LSN {}", self.durable_lsn);
+        self.failed = true;
+        let _previous = self.durable_tx.send_replace(Err(f));
+    }
+
+    fn write_batch(&mut self) -> Result<(), Failure> {
+        let buf = std::mem::take(&mut self.batch);
+        let result = self.write_records(&buf);
+        self.batch = buf;
+        result
+    }
+
+    fn write_records(&mut self, buf: &[u8]) -> Result<(), Failure> {
+        let mut i = 0;
+        while i < buf.len() {
+            let start = i;
+            let mut last_lsn = None;
+            while i < buf.len() {
+                let (h, total) = next_record(&buf[i..]);
+                assert_eq!(
+                    h.lsn,
+                    last_lsn.unwrap_or(self.durable_lsn) + 1,
+                    "records arrive in LSN order"
+                );
+                let chunk = i - start;
+                if self.active.write_pos + (chunk + total) as u64 > self.active.capacity_bytes {
+                    break;
+                }
+                if chunk > 0 && chunk + total > self.batch_bytes_max {
+                    break;
+                }
+                i += total;
+                last_lsn = Some(h.lsn);
+            }
+            match last_lsn {
+                Some(lsn) => {
+                    let seg = &mut self.active;
+                    self.ops
+                        .write_at(&seg.file, &buf[start..i], seg.write_pos)
+                        .map_err(|e| failure("write", &seg.path, e))?;
+                    seg.write_pos += (i - start) as u64;
+                    self.ops
+                        .sync_data(&seg.file)
+                        .map_err(|e| failure("fdatasync", &seg.path, e))?;
+                    self.shared.batches.fetch_add(1, Ordering::Relaxed);
+                    self.shared
+                        .record_bytes
+                        .fetch_add((i - start) as u64, Ordering::Relaxed);
+                    self.publish(lsn);
+                }
+                None => {
+                    let (h, total) = next_record(&buf[i..]);
+                    self.roll(h.lsn)?;
+                    assert!(
+                        total as u64 <= self.active.remaining_bytes(),
+                        "a record fits in an empty segment"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self, lsn: Lsn) {
+        assert!(lsn > self.durable_lsn, "durable LSN is monotonic");
+        self.durable_lsn = lsn;
+        {
+            let mut segments = self.shared.segments.lock().unwrap();
+            let last = segments.last_mut().expect("active segment listed");
+            assert_eq!(last.base_lsn, self.active.base_lsn);
+            last.end_lsn = lsn + 1;
+            last.bytes = self.active.write_pos;
+        }
+        let _previous = self.durable_tx.send_replace(Ok(lsn));
+    }
+
+    fn roll(&mut self, base_lsn: Lsn) -> Result<(), Failure> {
+        assert_eq!(
+            base_lsn,
+            self.durable_lsn + 1,
+            "everything before a roll over is durable"
+        );
+        let mut spare = match self.spare.take() {
+            Some(spare) => spare,
+            None => Spare::create(&self.dir, self.segment_bytes)
+                .map_err(|e| failure("create spare", &self.dir, e))?,
+        };
+        spare
+            .finish(&*self.ops, &self.zeros)
+            .map_err(|(op, e)| failure(op, spare.path(), e))?;
+        let segment = spare
+            .into_segment(&*self.ops, &self.dir, base_lsn)
+            .map_err(|(op, path, e)| failure(op, &path, e))?;
+        {
+            let mut segments = self.shared.segments.lock().unwrap();
+            let last = segments.last_mut().expect("active segment listed");
+            assert_eq!(last.end_lsn, base_lsn);
+            last.sealed = true;
+            segments.push(SegmentInfo {
+                base_lsn,
+                end_lsn: base_lsn,
+                bytes: SEGMENT_HEADER_BYTES,
+                sealed: false,
+            });
+        }
+        info!(segment = %segment.path.display(), "journal: rolled over to a new segment");
+        self.active = segment;
+        Ok(())
+    }
+
+    /// Deletes one sealed segment and makes the deletion durable before the next, so a crash
+    /// leaves a contiguous suffix of segments.
+    fn delete(&mut self, path: &Path) -> Result<(), Failure> {
+        assert_ne!(path, self.active.path, "never delete the active segment");
+        match self.ops.remove(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(failure("delete", path, e)),
+        }
+        self.ops
+            .sync_dir(&self.dir)
+            .map_err(|e| failure("fsync dir", &self.dir, e))
+    }
+}
+
+/// Allocates the writer's zero buffer.
+pub(crate) fn zeros() -> Vec<u8> {
+    vec![0u8; ZERO_CHUNK_BYTES]
+}

@@ -1,0 +1,341 @@
+//! `haven.toml`: every setting has a default, an unknown key or a bad value stops start-up
+//! with the file, the key and the reason. The commented example is `examples/haven.toml`.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub broker: BrokerConfig,
+    pub stomp: StompConfig,
+    pub journal: JournalSettings,
+    pub delivery: DeliveryConfig,
+    pub limits: LimitsConfig,
+    pub users: Vec<User>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    /// Shown in CONNECTED's `server` header and in logs.
+    pub name: String,
+    /// A SEND without a `persistent` header is persistent. ActiveMQ's default is the opposite;
+    /// set false for applications that rely on it.
+    pub default_persistent: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StompConfig {
+    pub listen: SocketAddr,
+    pub connections_max: usize,
+    pub frame_bytes_max: usize,
+    pub header_count_max: usize,
+    pub header_bytes_max: usize,
+    /// How often the broker offers to send heart-beats (0 = never).
+    pub heartbeat_send_ms: u64,
+    /// How often the broker asks clients to send heart-beats (0 = never). A client silent for
+    /// twice the negotiated interval is disconnected.
+    pub heartbeat_receive_ms: u64,
+    /// A connection that has not sent CONNECT within this time is closed.
+    pub connect_timeout_ms: u64,
+    /// Frames queued for one connection's socket beyond which the broker stops reading from it.
+    pub outbound_frames_max: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JournalSettings {
+    pub dir: PathBuf,
+    pub segment_bytes: u64,
+    pub batch_bytes_max: usize,
+    /// How often compaction and segment deletion run.
+    pub maintenance_interval_ms: u64,
+    /// Live records re-logged per maintenance round at most, so compaction never stalls traffic.
+    pub compaction_records_max: usize,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum DlqMode {
+    Shared,
+    PerDestination,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeliveryConfig {
+    pub redeliveries_max: u32,
+    pub dlq: DlqMode,
+    pub dlq_name: String,
+    pub dlq_prefix: String,
+    pub prefetch_default: u32,
+    pub prefetch_max: u32,
+    pub topic_subscriber_pending_max: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub transaction_ops_max: usize,
+    pub transactions_per_connection_max: usize,
+    pub subscriptions_per_connection_max: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    pub login: String,
+    pub passcode: String,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            name: "haven".into(),
+            default_persistent: true,
+        }
+    }
+}
+
+impl Default for StompConfig {
+    fn default() -> Self {
+        StompConfig {
+            listen: "127.0.0.1:61613".parse().expect("valid"),
+            connections_max: 10_000,
+            frame_bytes_max: 10 * 1024 * 1024,
+            header_count_max: 1_000,
+            header_bytes_max: 10 * 1024,
+            heartbeat_send_ms: 10_000,
+            heartbeat_receive_ms: 10_000,
+            connect_timeout_ms: 10_000,
+            outbound_frames_max: 10_000,
+        }
+    }
+}
+
+impl Default for JournalSettings {
+    fn default() -> Self {
+        JournalSettings {
+            dir: PathBuf::from("data"),
+            segment_bytes: 64 * 1024 * 1024,
+            batch_bytes_max: 4 * 1024 * 1024,
+            maintenance_interval_ms: 1_000,
+            compaction_records_max: 10_000,
+        }
+    }
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            redeliveries_max: 6,
+            dlq: DlqMode::Shared,
+            dlq_name: "ActiveMQ.DLQ".into(),
+            dlq_prefix: "DLQ.".into(),
+            prefetch_default: 1_000,
+            prefetch_max: 65_536,
+            topic_subscriber_pending_max: 100_000,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            transaction_ops_max: 100_000,
+            transactions_per_connection_max: 1_000,
+            subscriptions_per_connection_max: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{file}: {reason}")]
+    Parse { file: PathBuf, reason: String },
+    #[error("{file}: key `{key}`: {reason}")]
+    Invalid {
+        file: PathBuf,
+        key: &'static str,
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// `file` names the source in errors.
+    pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_path_buf(),
+            reason: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, reason: String| {
+            Err(ConfigError::Invalid {
+                file: file.to_path_buf(),
+                key,
+                reason,
+            })
+        };
+        let s = &self.stomp;
+        if s.connections_max == 0 {
+            return invalid("stomp.connections_max", "must be at least 1".into());
+        }
+        if s.frame_bytes_max < 1024 {
+            return invalid(
+                "stomp.frame_bytes_max",
+                format!("{} is below the minimum of 1024", s.frame_bytes_max),
+            );
+        }
+        if s.header_count_max == 0 {
+            return invalid("stomp.header_count_max", "must be at least 1".into());
+        }
+        if s.header_bytes_max < 64 {
+            return invalid("stomp.header_bytes_max", "must be at least 64".into());
+        }
+        if s.outbound_frames_max == 0 {
+            return invalid("stomp.outbound_frames_max", "must be at least 1".into());
+        }
+        let j = &self.journal;
+        if j.segment_bytes < 1024 * 1024 {
+            return invalid(
+                "journal.segment_bytes",
+                format!(
+                    "{} is below the minimum of 1048576 (1 MiB)",
+                    j.segment_bytes
+                ),
+            );
+        }
+        if (j.segment_bytes as u128) < 2 * s.frame_bytes_max as u128 + 4096 {
+            return invalid(
+                "journal.segment_bytes",
+                "must hold at least two of the largest frames (2 × stomp.frame_bytes_max)".into(),
+            );
+        }
+        if j.batch_bytes_max < 4096 {
+            return invalid("journal.batch_bytes_max", "must be at least 4096".into());
+        }
+        if j.maintenance_interval_ms == 0 {
+            return invalid(
+                "journal.maintenance_interval_ms",
+                "must be at least 1".into(),
+            );
+        }
+        if j.dir.as_os_str().is_empty() {
+            return invalid("journal.dir", "must not be empty".into());
+        }
+        let d = &self.delivery;
+        if d.prefetch_default == 0 || d.prefetch_default > d.prefetch_max {
+            return invalid(
+                "delivery.prefetch_default",
+                format!(
+                    "must be between 1 and delivery.prefetch_max ({})",
+                    d.prefetch_max
+                ),
+            );
+        }
+        if d.dlq_name.is_empty() {
+            return invalid("delivery.dlq_name", "must not be empty".into());
+        }
+        if d.topic_subscriber_pending_max == 0 {
+            return invalid(
+                "delivery.topic_subscriber_pending_max",
+                "must be at least 1".into(),
+            );
+        }
+        let l = &self.limits;
+        if l.transaction_ops_max == 0
+            || l.transactions_per_connection_max == 0
+            || l.subscriptions_per_connection_max == 0
+        {
+            return invalid("limits", "every limit must be at least 1".into());
+        }
+        for u in &self.users {
+            if u.login.is_empty() {
+                return invalid("users.login", "must not be empty".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("haven.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_every_default() {
+        let c = parse("").unwrap();
+        assert_eq!(c.stomp.listen.to_string(), "127.0.0.1:61613");
+        assert_eq!(c.journal.dir, PathBuf::from("data"));
+        assert!(c.broker.default_persistent);
+        assert_eq!(c.delivery.redeliveries_max, 6);
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_key() {
+        let e = parse("[stomp]\nlisten = \"127.0.0.1:1\"\nfram_bytes_max = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("haven.toml") && e.contains("fram_bytes_max"),
+            "{e}"
+        );
+        let e = parse("[nope]\n").unwrap_err().to_string();
+        assert!(e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key_and_reason() {
+        let e = parse("[stomp]\nlisten = \"not an address\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listen"), "{e}");
+        let e = parse("[journal]\nsegment_bytes = 10\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("journal.segment_bytes") && e.contains("minimum"),
+            "{e}"
+        );
+        let e = parse("[delivery]\ndlq = \"sideways\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sideways"), "{e}");
+        let e = parse("[delivery]\nredeliveries_max = -1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redeliveries_max"), "{e}");
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../../../examples/haven.toml");
+        let c = parse(text).unwrap();
+        assert_eq!(c.stomp.listen.to_string(), "127.0.0.1:61613");
+    }
+}

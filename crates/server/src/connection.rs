@@ -1,0 +1,564 @@
+//! One STOMP connection: the CONNECT handshake, frame → engine command translation, MESSAGE
+//! rendering, heart-beats both ways, and closing with an ERROR that says what was wrong.
+//!
+//! One task per connection owns its socket. Reading and writing share the task (`select!`), so
+//! a client that stops reading its socket also stops being read: backpressure without extra
+//! buffers. Errors found here (a malformed frame, a missing header) and errors the engine
+//! finds (an unknown ACK id) both travel through the core, so the ERROR frame is written only
+//! after every earlier answer for this connection.
+
+use crate::auth::Users;
+use crate::config::Config;
+use crate::core::{CoreMsg, Outbound};
+use futures::{SinkExt, StreamExt};
+use haven_engine::{AckMode, AckRef, Command, ConnId, Delivery, Destination, NewMessage};
+use haven_stomp::{Command as Cmd, Frame, Item, Limits, StompCodec, Version};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep_until, Instant};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+pub(crate) struct Shared {
+    pub config: Config,
+    pub users: Users,
+    pub core: mpsc::Sender<CoreMsg>,
+}
+
+/// Outbound frames written per wake-up before flushing.
+const WRITES_PER_FLUSH_MAX: usize = 256;
+
+/// Headers the broker sets on MESSAGE frames or that only steer a SEND; never passed through.
+const RESERVED_HEADERS: &[&str] = &[
+    "destination",
+    "receipt",
+    "transaction",
+    "content-length",
+    "persistent",
+    "priority",
+    "expires",
+    "message-id",
+    "timestamp",
+    "redelivered",
+    "subscription",
+    "ack",
+    "delivery-count",
+];
+
+pub(crate) async fn serve(stream: TcpStream, conn: ConnId, shared: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let cfg = &shared.config.stomp;
+    let limits = Limits {
+        frame_bytes_max: cfg.frame_bytes_max,
+        header_count_max: cfg.header_count_max,
+        header_bytes_max: cfg.header_bytes_max,
+    };
+    let (rd, wr) = stream.into_split();
+    let mut reader = FramedRead::new(rd, StompCodec::new(limits));
+    let mut writer = FramedWrite::new(wr, StompCodec::new(limits));
+    let Some(session) = handshake(conn, &shared, &mut reader, &mut writer).await else {
+        return;
+    };
+    tracing::debug!(conn, %peer, version = session.version.as_str(), "connected");
+    run(conn, &shared, session, reader, writer).await;
+    tracing::debug!(conn, %peer, "closed");
+}
+
+struct Session {
+    version: Version,
+    outbound: mpsc::UnboundedReceiver<Outbound>,
+    /// Negotiated heart-beat periods (0 = none).
+    send_ms: u64,
+    recv_ms: u64,
+}
+
+async fn write_error_and_close(
+    writer: &mut FramedWrite<OwnedWriteHalf, StompCodec>,
+    message: &str,
+) {
+    let frame = Frame::new(Cmd::Error)
+        .with_header("message", message)
+        .with_header("content-type", "text/plain")
+        .with_body(format!("{message}\n"));
+    let _ = writer.send(&frame).await;
+    let _ = writer.get_mut().shutdown().await;
+}
+
+use tokio::io::AsyncWriteExt;
+
+/// Parses `heart-beat: cx,cy`.
+fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
+    let (a, b) = v.split_once(',')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+async fn handshake(
+    conn: ConnId,
+    shared: &Shared,
+    reader: &mut FramedRead<OwnedReadHalf, StompCodec>,
+    writer: &mut FramedWrite<OwnedWriteHalf, StompCodec>,
+) -> Option<Session> {
+    let cfg = &shared.config.stomp;
+    let deadline = Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
+    let frame = loop {
+        let next = tokio::select! {
+            next = reader.next() => next,
+            _ = sleep_until(deadline) => {
+                write_error_and_close(writer, "no CONNECT frame within the connect timeout").await;
+                return None;
+            }
+        };
+        match next {
+            None => return None,
+            Some(Ok(Item::Heartbeat)) => continue,
+            Some(Ok(Item::Frame(f))) => break f,
+            Some(Err(e)) => {
+                write_error_and_close(writer, &e.to_string()).await;
+                return None;
+            }
+        }
+    };
+    if !matches!(frame.command, Cmd::Connect | Cmd::Stomp) {
+        write_error_and_close(
+            writer,
+            &format!(
+                "expected CONNECT or STOMP as the first frame, got {}",
+                frame.command.as_str()
+            ),
+        )
+        .await;
+        return None;
+    }
+    let Some(version) = Version::negotiate(frame.header("accept-version")) else {
+        write_error_and_close(
+            writer,
+            "no common protocol version: this broker supports 1.0,1.1,1.2",
+        )
+        .await;
+        return None;
+    };
+    if !shared
+        .users
+        .check(frame.header("login"), frame.header("passcode"))
+    {
+        tracing::info!(
+            conn,
+            login = frame.header("login").unwrap_or(""),
+            "login refused"
+        );
+        write_error_and_close(writer, "login failed: unknown login or wrong passcode").await;
+        return None;
+    }
+    let (cx, cy) = match frame.header("heart-beat") {
+        None => (0, 0),
+        Some(v) => match parse_heartbeat(v) {
+            Some(hb) if version > Version::V1_0 => hb,
+            Some(_) => (0, 0),
+            None => {
+                write_error_and_close(
+                    writer,
+                    &format!("bad heart-beat header '{v}': expected two integers 'cx,cy'"),
+                )
+                .await;
+                return None;
+            }
+        },
+    };
+    let (sx, sy) = (cfg.heartbeat_send_ms, cfg.heartbeat_receive_ms);
+    let send_ms = if sx > 0 && cy > 0 { sx.max(cy) } else { 0 };
+    let recv_ms = if sy > 0 && cx > 0 { sy.max(cx) } else { 0 };
+    let client_id = frame.header("client-id").map(str::to_string);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (reply_tx, reply_rx) = oneshot::channel();
+    if shared
+        .core
+        .send(CoreMsg::Connect {
+            conn,
+            client_id,
+            outbound: tx,
+            reply: reply_tx,
+        })
+        .await
+        .is_err()
+    {
+        write_error_and_close(writer, "broker is shutting down").await;
+        return None;
+    }
+    match reply_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            write_error_and_close(writer, &e.to_string()).await;
+            return None;
+        }
+        Err(_) => {
+            write_error_and_close(writer, "broker is shutting down").await;
+            return None;
+        }
+    }
+    let mut connected = Frame::new(Cmd::Connected)
+        .with_header("version", version.as_str())
+        .with_header("server", format!("Haven/{}", env!("CARGO_PKG_VERSION")))
+        .with_header("session", format!("haven-{conn}"));
+    if version > Version::V1_0 {
+        connected.push_header("heart-beat", format!("{sx},{sy}"));
+    }
+    if writer.send(&connected).await.is_err() {
+        let _ = shared
+            .core
+            .send(CoreMsg::Command(Command::Close {
+                conn,
+                receipt: None,
+            }))
+            .await;
+        return None;
+    }
+    reader.decoder_mut().set_version(version);
+    writer.encoder_mut().set_version(version);
+    Some(Session {
+        version,
+        outbound: rx,
+        send_ms,
+        recv_ms,
+    })
+}
+
+async fn run(
+    conn: ConnId,
+    shared: &Shared,
+    mut s: Session,
+    mut reader: FramedRead<OwnedReadHalf, StompCodec>,
+    mut writer: FramedWrite<OwnedWriteHalf, StompCodec>,
+) {
+    let core = &shared.core;
+    let mut reading = true;
+    let far = Duration::from_secs(86_400 * 365);
+    let send_every = if s.send_ms > 0 {
+        Duration::from_millis(s.send_ms)
+    } else {
+        far
+    };
+    // Twice the negotiated period: heart-beats are best effort and networks jitter.
+    let recv_grace = if s.recv_ms > 0 {
+        Duration::from_millis(s.recv_ms * 2)
+    } else {
+        far
+    };
+    let mut last_write = Instant::now();
+    let mut read_deadline = Instant::now() + recv_grace;
+    // Auto-ack deliveries written since the last flush, per subscription: credit to return.
+    let mut credit: Vec<(String, u32)> = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            ob = s.outbound.recv() => {
+                let Some(ob) = ob else { break };
+                let mut next = Some(ob);
+                let mut done = false;
+                let mut n = 0;
+                while let Some(ob) = next.take() {
+                    match ob {
+                        Outbound::Deliver(d) => {
+                            if d.auto_ack {
+                                match credit.iter_mut().find(|(id, _)| *id == d.sub_id) {
+                                    Some((_, c)) => *c += 1,
+                                    None => credit.push((d.sub_id.clone(), 1)),
+                                }
+                            }
+                            let frame = render_message(&d, s.version);
+                            if writer.feed(&frame).await.is_err() { done = true; break; }
+                        }
+                        Outbound::Receipt(id) => {
+                            let frame = Frame::new(Cmd::Receipt).with_header("receipt-id", id);
+                            if writer.feed(&frame).await.is_err() { done = true; break; }
+                        }
+                        Outbound::Error { message, receipt } => {
+                            let mut frame = Frame::new(Cmd::Error).with_header("message", message.clone());
+                            if let Some(r) = receipt { frame.push_header("receipt-id", r); }
+                            let frame = frame.with_header("content-type", "text/plain").with_body(format!("{message}\n"));
+                            let _ = writer.feed(&frame).await;
+                            reading = false;
+                        }
+                        Outbound::Close => { done = true; break; }
+                    }
+                    n += 1;
+                    if n < WRITES_PER_FLUSH_MAX {
+                        next = s.outbound.try_recv().ok();
+                    }
+                }
+                if SinkExt::<Item>::flush(&mut writer).await.is_err() { done = true; }
+                last_write = Instant::now();
+                for (sub_id, count) in credit.drain(..) {
+                    if core.send(CoreMsg::Command(Command::Credit { conn, sub_id, count })).await.is_err() { done = true; }
+                }
+                if done { break; }
+            }
+            item = reader.next(), if reading => {
+                read_deadline = Instant::now() + recv_grace;
+                match item {
+                    None => {
+                        // Peer went away without DISCONNECT.
+                        let _ = core.send(CoreMsg::Command(Command::Close { conn, receipt: None })).await;
+                        return;
+                    }
+                    Some(Err(e)) => {
+                        reading = false;
+                        let _ = core.send(CoreMsg::Fail { conn, message: e.to_string(), receipt: None }).await;
+                    }
+                    Some(Ok(Item::Heartbeat)) => {}
+                    Some(Ok(Item::Frame(frame))) => {
+                        let disconnect = frame.command == Cmd::Disconnect;
+                        let msg = match translate(conn, &frame, s.version, shared) {
+                            Ok(cmd) => CoreMsg::Command(cmd),
+                            Err(message) => {
+                                reading = false;
+                                CoreMsg::Fail { conn, message, receipt: frame.header("receipt").map(str::to_string) }
+                            }
+                        };
+                        if disconnect { reading = false; }
+                        if core.send(msg).await.is_err() { break; }
+                    }
+                }
+            }
+            _ = sleep_until(last_write + send_every) => {
+                if writer.send(Item::Heartbeat).await.is_err() { break; }
+                last_write = Instant::now();
+            }
+            _ = sleep_until(read_deadline), if reading => {
+                reading = false;
+                let message = format!("no frame or heart-beat for {} ms; closing", recv_grace.as_millis());
+                let _ = core.send(CoreMsg::Fail { conn, message, receipt: None }).await;
+            }
+        }
+    }
+    let _ = writer.get_mut().shutdown().await;
+    // Idempotent: the engine ignores a Close for a connection it already closed.
+    let _ = core
+        .send(CoreMsg::Command(Command::Close {
+            conn,
+            receipt: None,
+        }))
+        .await;
+}
+
+fn required<'a>(frame: &'a Frame, name: &str) -> Result<&'a str, String> {
+    frame
+        .header(name)
+        .ok_or_else(|| format!("{} frame needs a '{name}' header", frame.command.as_str()))
+}
+
+fn opt(frame: &Frame, name: &str) -> Option<String> {
+    frame.header(name).map(str::to_string)
+}
+
+/// Turns a client frame into an engine command, or says what is wrong with it.
+fn translate(
+    conn: ConnId,
+    frame: &Frame,
+    version: Version,
+    shared: &Shared,
+) -> Result<Command, String> {
+    let receipt = opt(frame, "receipt");
+    let dest = |name: &str| Destination::parse(name, conn).map_err(|e| e.to_string());
+    Ok(match frame.command {
+        Cmd::Send => {
+            let destination = dest(required(frame, "destination")?)?;
+            let persistent = match frame.header("persistent") {
+                None => shared.config.broker.default_persistent,
+                Some("true") => true,
+                Some("false") => false,
+                Some(v) => return Err(format!("persistent must be 'true' or 'false', not '{v}'")),
+            };
+            let priority = match frame.header("priority") {
+                None => 4,
+                Some(v) => match v.trim().parse::<u8>() {
+                    Ok(p) if p <= 9 => p,
+                    _ => return Err(format!("priority must be an integer 0-9, not '{v}'")),
+                },
+            };
+            let expires_ms = match frame.header("expires") {
+                None => 0,
+                Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                    format!("expires must be milliseconds since the epoch, not '{v}'")
+                })?,
+            };
+            let mut headers: Vec<(String, String)> = Vec::with_capacity(frame.headers.len());
+            for (k, v) in &frame.headers {
+                if RESERVED_HEADERS.contains(&k.as_str()) || headers.iter().any(|(k2, _)| k2 == k) {
+                    continue; // broker-managed, or a repeat (the first occurrence wins)
+                }
+                let v = if k == "reply-to" && v.starts_with("/temp-") {
+                    // The owner's own name for its temporary destination becomes one any
+                    // connection can send to.
+                    dest(v)?.to_string()
+                } else {
+                    v.clone()
+                };
+                headers.push((k.clone(), v));
+            }
+            Command::Send {
+                conn,
+                destination,
+                message: NewMessage {
+                    headers,
+                    body: frame.body.clone(),
+                    persistent,
+                    priority,
+                    expires_ms,
+                },
+                transaction: opt(frame, "transaction"),
+                receipt,
+            }
+        }
+        Cmd::Subscribe => {
+            let dest_text = required(frame, "destination")?;
+            let destination = dest(dest_text)?;
+            let sub_id = match frame.header("id") {
+                Some(id) => id.to_string(),
+                None if version == Version::V1_0 => dest_text.to_string(),
+                None => return Err("SUBSCRIBE frame needs an 'id' header".into()),
+            };
+            let ack = match frame.header("ack") {
+                None => AckMode::Auto,
+                Some(v) => AckMode::parse(v).ok_or_else(|| {
+                    format!("ack must be auto, client or client-individual, not '{v}'")
+                })?,
+            };
+            let d = &shared.config.delivery;
+            let prefetch = match frame.header("activemq.prefetchSize") {
+                None => d.prefetch_default,
+                Some(v) => v
+                    .trim()
+                    .parse::<u32>()
+                    .map_err(|_| {
+                        format!("activemq.prefetchSize must be a non-negative integer, not '{v}'")
+                    })?
+                    .clamp(1, d.prefetch_max),
+            };
+            let durable_name = opt(frame, "activemq.subscriptionName")
+                .or_else(|| opt(frame, "durable-subscription-name"));
+            Command::Subscribe {
+                conn,
+                sub_id,
+                destination,
+                ack,
+                prefetch,
+                durable_name,
+                receipt,
+            }
+        }
+        Cmd::Unsubscribe => {
+            let sub_id = match (frame.header("id"), frame.header("destination")) {
+                (Some(id), _) => id.to_string(),
+                (None, Some(d)) if version == Version::V1_0 => d.to_string(),
+                _ => return Err("UNSUBSCRIBE frame needs an 'id' header".into()),
+            };
+            let durable_name = opt(frame, "activemq.subscriptionName")
+                .or_else(|| opt(frame, "durable-subscription-name"));
+            Command::Unsubscribe {
+                conn,
+                sub_id,
+                durable_name,
+                receipt,
+            }
+        }
+        Cmd::Ack | Cmd::Nack => {
+            let ack = ack_ref(frame, version)?;
+            let transaction = opt(frame, "transaction");
+            if frame.command == Cmd::Ack {
+                Command::Ack {
+                    conn,
+                    ack,
+                    transaction,
+                    receipt,
+                }
+            } else {
+                Command::Nack {
+                    conn,
+                    ack,
+                    transaction,
+                    receipt,
+                }
+            }
+        }
+        Cmd::Begin => Command::Begin {
+            conn,
+            transaction: required(frame, "transaction")?.to_string(),
+            receipt,
+        },
+        Cmd::Commit => Command::Commit {
+            conn,
+            transaction: required(frame, "transaction")?.to_string(),
+            receipt,
+        },
+        Cmd::Abort => Command::Abort {
+            conn,
+            transaction: required(frame, "transaction")?.to_string(),
+            receipt,
+        },
+        Cmd::Disconnect => Command::Close { conn, receipt },
+        Cmd::Connect | Cmd::Stomp => {
+            return Err("already connected: a second CONNECT is not allowed".into())
+        }
+        Cmd::Connected | Cmd::Message | Cmd::Receipt | Cmd::Error => {
+            return Err(format!(
+                "{} is a server frame; a client may not send it",
+                frame.command.as_str()
+            ))
+        }
+    })
+}
+
+fn ack_ref(frame: &Frame, version: Version) -> Result<AckRef, String> {
+    if version == Version::V1_2 {
+        let id = required(frame, "id")?;
+        return match id.parse::<u64>() {
+            Ok(tag) => Ok(AckRef::Tag(tag)),
+            // Some clients ack by message-id even in 1.2.
+            Err(_) => Ok(AckRef::MessageId {
+                message_id: id.to_string(),
+                subscription: opt(frame, "subscription"),
+            }),
+        };
+    }
+    let message_id = required(frame, "message-id")?.to_string();
+    Ok(AckRef::MessageId {
+        message_id,
+        subscription: opt(frame, "subscription"),
+    })
+}
+
+fn render_message(d: &Delivery, version: Version) -> Frame {
+    let m = &d.message;
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(10 + m.headers.len());
+    headers.push(("subscription".into(), d.sub_id.clone()));
+    headers.push(("message-id".into(), m.id.clone()));
+    headers.push(("destination".into(), m.destination.to_string()));
+    if version == Version::V1_2 {
+        headers.push(("ack".into(), d.ack_tag.to_string()));
+    }
+    headers.push(("redelivered".into(), d.redelivered.to_string()));
+    headers.push(("delivery-count".into(), d.delivery_count.to_string()));
+    headers.push(("timestamp".into(), m.timestamp_ms.to_string()));
+    headers.push(("priority".into(), m.priority.to_string()));
+    headers.push(("expires".into(), m.expires_ms.to_string()));
+    headers.push(("persistent".into(), m.persistent.to_string()));
+    headers.extend(m.headers.iter().cloned());
+    Frame {
+        command: Cmd::Message,
+        headers,
+        body: m.body.clone(),
+    }
+}
+
+/// Answers a connection the broker will not serve with an ERROR, then closes it.
+pub(crate) async fn refuse(stream: TcpStream, message: &str) {
+    let (_, wr) = stream.into_split();
+    let mut writer = FramedWrite::new(wr, StompCodec::new(Limits::default()));
+    write_error_and_close(&mut writer, message).await;
+}

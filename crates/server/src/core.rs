@@ -1,0 +1,347 @@
+//! The broker core: one task owns the engine and the journal.
+//!
+//! Connections send it commands; it applies each to the engine, appends the records the engine
+//! emits to the journal, and holds every effect (MESSAGE, RECEIPT, ERROR) until the journal
+//! reports durable every record appended before it. Effects are released strictly in the
+//! order they were produced, so a RECEIPT never overtakes the sync it depends on and a client
+//! sees its own frames answered in order. Many commands share one `fdatasync`: the journal's
+//! writer thread syncs whatever accumulated while the previous sync ran (group commit).
+//!
+//! Ownership: only this task touches `Engine` and `Journal`. Connection tasks own their
+//! sockets and hear from the core through an unbounded channel whose growth is bounded by
+//! prefetch credit (deliveries) and by each client's own requests (receipts).
+
+use crate::error::ServerError;
+use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
+use haven_journal::{Journal, JournalFailure, Lsn};
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// What a connection receives from the core.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    Deliver(Delivery),
+    Receipt(String),
+    /// Send ERROR, then close.
+    Error {
+        message: String,
+        receipt: Option<String>,
+    },
+    /// Close after writing everything before this.
+    Close,
+}
+
+pub(crate) enum CoreMsg {
+    Connect {
+        conn: ConnId,
+        client_id: Option<String>,
+        outbound: mpsc::UnboundedSender<Outbound>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    },
+    Command(Command),
+    /// The connection broke a protocol rule: ERROR (after what is already queued for it),
+    /// then close.
+    Fail {
+        conn: ConnId,
+        message: String,
+        receipt: Option<String>,
+    },
+}
+
+/// Commands drained from the channel per wake-up before the journal is kicked: bounds the
+/// latency one busy burst can add to the next sync.
+const COMMANDS_PER_BATCH_MAX: usize = 4096;
+
+/// Records appended but not yet durable beyond which the core stops taking commands.
+const UNSYNCED_RECORDS_MAX: u64 = 200_000;
+
+pub(crate) struct Core {
+    engine: Engine,
+    journal: Journal,
+    conns: HashMap<ConnId, mpsc::UnboundedSender<Outbound>>,
+    /// Effects waiting for the journal: (LSN that must be durable, connection, effect).
+    gated: VecDeque<(Lsn, ConnId, Outbound)>,
+    durable: Lsn,
+    out: Vec<Output>,
+    buf: Vec<u8>,
+    compaction_records_max: usize,
+    /// A checkpoint appended for segment deletion; segments are deleted once it is durable.
+    checkpoint: Option<Lsn>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn receipt_of(cmd: &Command) -> Option<String> {
+    match cmd {
+        Command::Close { receipt, .. }
+        | Command::Subscribe { receipt, .. }
+        | Command::Unsubscribe { receipt, .. }
+        | Command::Send { receipt, .. }
+        | Command::Ack { receipt, .. }
+        | Command::Nack { receipt, .. }
+        | Command::Begin { receipt, .. }
+        | Command::Commit { receipt, .. }
+        | Command::Abort { receipt, .. } => receipt.clone(),
+        Command::Receipt { receipt, .. } => Some(receipt.clone()),
+        Command::Connect { .. } | Command::Credit { .. } => None,
+    }
+}
+
+impl Core {
+    pub fn new(engine: Engine, journal: Journal, compaction_records_max: usize) -> Core {
+        let durable = journal.durable_lsn().unwrap_or(0);
+        Core {
+            engine,
+            journal,
+            conns: HashMap::new(),
+            gated: VecDeque::new(),
+            durable,
+            out: Vec::new(),
+            buf: Vec::with_capacity(64 * 1024),
+            compaction_records_max,
+            checkpoint: None,
+        }
+    }
+
+    pub async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<CoreMsg>,
+        mut stop: watch::Receiver<bool>,
+        maintenance: Duration,
+    ) -> Result<(), ServerError> {
+        let mut durable_rx = self.journal.durable();
+        let mut tick = tokio::time::interval(maintenance);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let result = loop {
+            tokio::select! {
+                biased;
+                changed = durable_rx.changed() => {
+                    if changed.is_err() {
+                        break Err(ServerError::JournalFailed("journal writer stopped".into()));
+                    }
+                    let state: Result<Lsn, JournalFailure> = durable_rx.borrow_and_update().clone();
+                    match state {
+                        Ok(lsn) => self.release(lsn),
+                        Err(f) => break Err(ServerError::JournalFailed(f.to_string())),
+                    }
+                }
+                // Producers outrunning the disk wait here instead of growing the journal's
+                // buffer without bound.
+                msg = rx.recv(), if self.journal.next_lsn() - 1 - self.durable < UNSYNCED_RECORDS_MAX => {
+                    let Some(msg) = msg else { break Ok(()) };
+                    self.on_msg(msg);
+                    for _ in 0..COMMANDS_PER_BATCH_MAX {
+                        match rx.try_recv() {
+                            Ok(msg) => self.on_msg(msg),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                _ = tick.tick() => self.maintain(),
+                _ = stop.changed() => break Ok(()),
+            }
+            self.journal.flush();
+        };
+        if let Err(e) = &result {
+            // fsync errors cannot be retried safely: stop serving at once.
+            tracing::error!("stopping: {e}");
+            return result;
+        }
+        // Orderly stop: make everything appended durable and tell clients what completed.
+        self.journal.flush();
+        let journal = self.journal;
+        let closed = tokio::task::spawn_blocking(move || journal.close())
+            .await
+            .expect("journal close task");
+        closed.map_err(|e| ServerError::JournalFailed(e.to_string()))?;
+        let gated = std::mem::take(&mut self.gated);
+        for (_, conn, ob) in gated {
+            if let Some(tx) = self.conns.get(&conn) {
+                let _ = tx.send(ob);
+            }
+        }
+        Ok(())
+    }
+
+    fn ctx(&self) -> Ctx {
+        Ctx {
+            now_ms: now_ms(),
+            next_lsn: self.journal.next_lsn(),
+        }
+    }
+
+    fn on_msg(&mut self, msg: CoreMsg) {
+        match msg {
+            CoreMsg::Connect {
+                conn,
+                client_id,
+                outbound,
+                reply,
+            } => {
+                let ctx = self.ctx();
+                let r =
+                    self.engine
+                        .handle(Command::Connect { conn, client_id }, ctx, &mut self.out);
+                if r.is_ok() {
+                    self.conns.insert(conn, outbound);
+                }
+                self.absorb();
+                let _ = reply.send(r);
+            }
+            CoreMsg::Command(cmd) => {
+                let conn = cmd.conn();
+                let is_close = matches!(cmd, Command::Close { .. });
+                let receipt = receipt_of(&cmd);
+                let ctx = self.ctx();
+                match self.engine.handle(cmd, ctx, &mut self.out) {
+                    Ok(()) => {
+                        self.absorb();
+                        if is_close {
+                            self.emit(conn, Outbound::Close);
+                        }
+                    }
+                    // Already closed (an error or DISCONNECT raced with frames in flight).
+                    Err(EngineError::UnknownConnection) => {}
+                    Err(e) => self.fail(conn, e.to_string(), receipt),
+                }
+            }
+            CoreMsg::Fail {
+                conn,
+                message,
+                receipt,
+            } => self.fail(conn, message, receipt),
+        }
+    }
+
+    fn fail(&mut self, conn: ConnId, message: String, receipt: Option<String>) {
+        if !self.conns.contains_key(&conn) {
+            return;
+        }
+        tracing::debug!(conn, %message, "closing connection with ERROR");
+        self.emit(conn, Outbound::Error { message, receipt });
+        let ctx = self.ctx();
+        self.engine
+            .handle(
+                Command::Close {
+                    conn,
+                    receipt: None,
+                },
+                ctx,
+                &mut self.out,
+            )
+            .expect("close never fails");
+        self.absorb();
+        self.emit(conn, Outbound::Close);
+    }
+
+    /// Appends the engine's records and queues its effects behind them.
+    fn absorb(&mut self) {
+        let mut out = std::mem::take(&mut self.out);
+        for o in out.drain(..) {
+            match o {
+                Output::Log(record) => {
+                    self.buf.clear();
+                    record.encode(&mut self.buf);
+                    let expected = self.journal.next_lsn();
+                    let lsn = self.journal.append(&self.buf);
+                    assert_eq!(lsn, expected, "journal LSNs are consecutive");
+                }
+                Output::Effect(Effect::Deliver { conn, delivery }) => {
+                    self.emit(conn, Outbound::Deliver(delivery))
+                }
+                Output::Effect(Effect::Receipt { conn, receipt }) => {
+                    self.emit(conn, Outbound::Receipt(receipt))
+                }
+            }
+        }
+        self.out = out;
+    }
+
+    fn emit(&mut self, conn: ConnId, ob: Outbound) {
+        let gate = self.journal.next_lsn() - 1;
+        if gate <= self.durable && self.gated.is_empty() {
+            self.send(conn, ob);
+        } else {
+            self.gated.push_back((gate, conn, ob));
+        }
+    }
+
+    fn send(&mut self, conn: ConnId, ob: Outbound) {
+        let close = matches!(ob, Outbound::Close);
+        if let Some(tx) = self.conns.get(&conn) {
+            // A connection task that already exited drops its receiver; its Close is on the way.
+            let _ = tx.send(ob);
+        }
+        if close {
+            self.conns.remove(&conn);
+        }
+    }
+
+    fn release(&mut self, durable: Lsn) {
+        assert!(durable >= self.durable, "durable LSN went backwards");
+        self.durable = durable;
+        while self
+            .gated
+            .front()
+            .is_some_and(|(gate, _, _)| *gate <= durable)
+        {
+            let (_, conn, ob) = self.gated.pop_front().expect("front exists");
+            self.send(conn, ob);
+        }
+    }
+
+    /// Frees disk: deletes segments nothing live needs, and re-logs the few live records of
+    /// a sparse oldest segment so it can be deleted next time.
+    fn maintain(&mut self) {
+        let segments = self.journal.segments();
+        let next = self.journal.next_lsn();
+        let min_live = self.engine.min_live_lsn().unwrap_or(next);
+        if let Some(cp) = self.checkpoint {
+            if self.durable >= cp {
+                let deleted = self.journal.release_before(min_live.min(cp));
+                if deleted > 0 {
+                    tracing::info!(
+                        deleted,
+                        "deleted journal segments holding only acknowledged data"
+                    );
+                }
+                self.checkpoint = None;
+            }
+        } else if segments.iter().any(|s| s.sealed && s.end_lsn <= min_live) {
+            // Message numbering must survive the deletion: record where it stands first.
+            self.buf.clear();
+            Record::Checkpoint {
+                next_seq: self.engine.next_seq(),
+            }
+            .encode(&mut self.buf);
+            self.checkpoint = Some(self.journal.append(&self.buf));
+        }
+        let sealed: Vec<_> = segments.iter().filter(|s| s.sealed).collect();
+        if let Some(oldest) = sealed.first() {
+            let records = oldest.end_lsn - oldest.base_lsn;
+            let live = self.engine.live_count_in(oldest.base_lsn, oldest.end_lsn) as u64;
+            // Compact only when most of the segment is garbage: copying is cheap then.
+            if live > 0 && live * 4 < records {
+                let ctx = self.ctx();
+                let n = self.engine.relocate_below(
+                    oldest.end_lsn,
+                    self.compaction_records_max,
+                    ctx,
+                    &mut self.out,
+                );
+                self.absorb();
+                tracing::debug!(
+                    n,
+                    segment = oldest.base_lsn,
+                    "compacted live records out of a sparse segment"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Header escaping (STOMP 1.1 and 1.2).
+//!
+//! 1.0 has no escaping, so a value cannot hold a newline. 1.1 escapes `\\`, `\n` and `:`
+//! (as `\c`); 1.2 adds `\r`, because an EOL may be `\r\n` and a value ending in a raw CR
+//! would otherwise lose it. Handshake frames (CONNECT, STOMP, CONNECTED) are never escaped:
+//! they travel before a version is agreed.
+//!
+//! Both directions take a fast path when nothing needs escaping (the common case: header
+//! values are usually plain ASCII), so the hot path copies bytes once and allocates only
+//! the `String` the frame keeps.
+
+use crate::frame::Command;
+use crate::version::Version;
+use bytes::{BufMut, BytesMut};
+
+/// Which escaping rules apply to one frame's header lines.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Escaping {
+    /// STOMP 1.0, or a handshake frame in any version: bytes are taken literally.
+    Off,
+    V1_1,
+    V1_2,
+}
+
+impl Escaping {
+    pub(crate) fn for_frame(version: Version, command: Command) -> Escaping {
+        if command.is_handshake() {
+            return Escaping::Off;
+        }
+        match version {
+            Version::V1_0 => Escaping::Off,
+            Version::V1_1 => Escaping::V1_1,
+            Version::V1_2 => Escaping::V1_2,
+        }
+    }
+}
+
+/// Why raw header bytes could not become text.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum UnescapeError {
+    BadEscape,
+    InvalidUtf8,
+}
+
+/// Turns raw wire bytes of a header name or value into text.
+pub(crate) fn unescape(raw: &[u8], mode: Escaping) -> Result<String, UnescapeError> {
+    if mode == Escaping::Off || !raw.contains(&b'\\') {
+        return to_string(raw.to_vec());
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut bytes = raw.iter();
+    while let Some(&b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        // A trailing lone backslash is as bad as an unknown escape.
+        out.push(match bytes.next() {
+            Some(b'\\') => b'\\',
+            Some(b'n') => b'\n',
+            Some(b'c') => b':',
+            Some(b'r') if mode == Escaping::V1_2 => b'\r',
+            _ => return Err(UnescapeError::BadEscape),
+        });
+    }
+    // Escapes only produce ASCII, so checking UTF-8 after unescaping is equivalent to
+    // checking the raw bytes.
+    to_string(out)
+}
+
+fn to_string(bytes: Vec<u8>) -> Result<String, UnescapeError> {
+    String::from_utf8(bytes).map_err(|_| UnescapeError::InvalidUtf8)
+}
+
+/// A header that cannot be written under the frame's escaping rules without changing the
+/// frame's structure (header injection). Carries a message for the caller.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Unencodable(pub(crate) &'static str);
+
+/// Which part of a header line is being written: a name may not hold a raw colon.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Part {
+    Name,
+    Value,
+}
+
+fn needs_escape(b: u8, mode: Escaping) -> bool {
+    match b {
+        b'\\' | b'\n' | b':' => true,
+        b'\r' => mode == Escaping::V1_2,
+        _ => false,
+    }
+}
+
+/// Appends `text` to `dst` escaped for `mode`. On error `dst` may hold a partial write;
+/// the caller truncates it.
+pub(crate) fn escape_into(
+    dst: &mut BytesMut,
+    text: &str,
+    part: Part,
+    mode: Escaping,
+) -> Result<(), Unencodable> {
+    let bytes = text.as_bytes();
+    // The decoder strips one CR before LF in every version, so a value ending in a raw CR
+    // would come back without it; only 1.2 can escape it.
+    if part == Part::Value && mode != Escaping::V1_2 && bytes.last() == Some(&b'\r') {
+        return Err(Unencodable(
+            "header value ends with CR, which this version cannot carry",
+        ));
+    }
+    if mode == Escaping::Off {
+        if bytes.contains(&b'\n') {
+            return Err(Unencodable(
+                "header contains a newline, which this version/frame cannot carry",
+            ));
+        }
+        if part == Part::Name && bytes.contains(&b':') {
+            return Err(Unencodable(
+                "header name contains a colon, which this version/frame cannot carry",
+            ));
+        }
+        dst.put_slice(bytes);
+        return Ok(());
+    }
+    let mut run_start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if !needs_escape(b, mode) {
+            continue;
+        }
+        dst.put_slice(&bytes[run_start..i]);
+        dst.put_slice(match b {
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b':' => b"\\c",
+            b'\r' => b"\\r",
+            _ => unreachable!("needs_escape admitted {b:#x}"),
+        });
+        run_start = i + 1;
+    }
+    dst.put_slice(&bytes[run_start..]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn esc(text: &str, part: Part, mode: Escaping) -> Result<String, Unencodable> {
+        let mut dst = BytesMut::new();
+        escape_into(&mut dst, text, part, mode)?;
+        Ok(String::from_utf8(dst.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn escapes_round_trip_in_each_version() {
+        let nasty = "a\\b\nc:d\re";
+        for mode in [Escaping::V1_1, Escaping::V1_2] {
+            for part in [Part::Name, Part::Value] {
+                let wire = esc(nasty, part, mode).unwrap();
+                assert!(!wire.contains('\n') && !wire.contains(':'));
+                assert_eq!(unescape(wire.as_bytes(), mode).unwrap(), nasty);
+            }
+        }
+        assert_eq!(
+            esc(nasty, Part::Value, Escaping::V1_1).unwrap(),
+            "a\\\\b\\nc\\cd\re"
+        );
+        assert_eq!(
+            esc(nasty, Part::Value, Escaping::V1_2).unwrap(),
+            "a\\\\b\\nc\\cd\\re"
+        );
+        // 1.0 is literal: colons in values are fine, backslashes mean nothing.
+        let plain = "tcp://h:1\\x";
+        assert_eq!(esc(plain, Part::Value, Escaping::Off).unwrap(), plain);
+        assert_eq!(unescape(plain.as_bytes(), Escaping::Off).unwrap(), plain);
+    }
+
+    #[test]
+    fn unknown_escapes_are_rejected() {
+        for mode in [Escaping::V1_1, Escaping::V1_2] {
+            assert_eq!(unescape(b"a\\tb", mode), Err(UnescapeError::BadEscape));
+            assert_eq!(unescape(b"trailing\\", mode), Err(UnescapeError::BadEscape));
+        }
+        // \r is a 1.2 addition.
+        assert_eq!(
+            unescape(b"\\r", Escaping::V1_1),
+            Err(UnescapeError::BadEscape)
+        );
+        assert_eq!(unescape(b"\\r", Escaping::V1_2).unwrap(), "\r");
+    }
+
+    #[test]
+    fn invalid_utf8_is_rejected() {
+        for mode in [Escaping::Off, Escaping::V1_1, Escaping::V1_2] {
+            assert_eq!(unescape(b"\xff", mode), Err(UnescapeError::InvalidUtf8));
+            assert_eq!(unescape(b"\\n\xc3", mode), Err(UnescapeError::InvalidUtf8));
+        }
+    }
+
+    #[test]
+    fn structure_breaking_headers_are_refused_not_written() {
+        assert!(esc("a\nb", Part::Value, Escaping::Off).is_err());
+        assert!(esc("a:b", Part::Name, Escaping::Off).is_err());
+        assert!(esc("ab\r", Part::Value, Escaping::Off).is_err());
+        assert!(esc("ab\r", Part::Value, Escaping::V1_1).is_err());
+        assert!(esc("ab\r", Part::Value, Escaping::V1_2).is_ok());
+        assert!(esc("a\rb", Part::Value, Escaping::V1_1).is_ok());
+    }
+
+    #[test]
+    fn handshake_frames_are_never_escaped() {
+        for v in Version::ALL {
+            assert_eq!(Escaping::for_frame(v, Command::Connect), Escaping::Off);
+            assert_eq!(Escaping::for_frame(v, Command::Stomp), Escaping::Off);
+            assert_eq!(Escaping::for_frame(v, Command::Connected), Escaping::Off);
+        }
+        assert_eq!(
+            Escaping::for_frame(Version::V1_0, Command::Send),
+            Escaping::Off
+        );
+        assert_eq!(
+            Escaping::for_frame(Version::V1_1, Command::Send),
+            Escaping::V1_1
+        );
+        assert_eq!(
+            Escaping::for_frame(Version::V1_2, Command::Send),
+            Escaping::V1_2
+        );
+    }
+}
