@@ -30,7 +30,7 @@ enum Cmd {
         data: Option<PathBuf>,
     },
     /// Benchmark a STOMP broker (Haven, ActiveMQ, RabbitMQ).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match cli.command {
         Cmd::Run { config, stomp, data } => runtime.block_on(run(config, stomp, data)),
-        Cmd::Bench(args) => match runtime.block_on(bench::run(args)) {
+        Cmd::Bench(args) => match runtime.block_on(bench::run(*args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("haven bench: {e}");

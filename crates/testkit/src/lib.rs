@@ -1,1 +1,14 @@
-//! haven-testkit (placeholder, being written)
+//! `haven-testkit`: support for tests that run the real `haven` binary as a process.
+//!
+//! The API is synchronous (std::process, std::net) so it works the same from a plain `#[test]`
+//! and from a tokio test body (which runs on its own thread under `block_on`). Every process a
+//! test starts is owned by a [`BrokerProcess`] and killed when it is dropped, so a failing test
+//! never leaves a broker behind. A fault-injecting proxy and a no-loss checker come later.
+
+mod broker;
+mod error;
+mod net;
+
+pub use broker::{BrokerOpts, BrokerProcess, READY_TIMEOUT_MS, STOP_TIMEOUT_MS};
+pub use error::TestkitError;
+pub use net::{free_addr, free_port, stomp_connect_probe};

@@ -1,0 +1,38 @@
+//! Errors a client call can return. All are `Clone`: when a connection ends, every waiter
+//! (receipts, subscriptions, later calls) gets the same cause.
+
+use std::sync::Arc;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// The address could not be parsed or names a transport this client does not speak yet.
+    #[error("bad address {addr:?}: {reason}")]
+    BadAddress { addr: String, reason: String },
+    /// Socket error (connect, read or write).
+    #[error("i/o error: {0}")]
+    Io(Arc<std::io::Error>),
+    /// The broker answered CONNECT with an ERROR frame (wrong login, standby broker, ...).
+    #[error("connection refused by broker: {message}")]
+    Refused { message: String },
+    /// The broker sent an ERROR frame on an established connection; the connection is closed.
+    #[error("broker error: {message}")]
+    Server { message: String, body: String },
+    /// The broker sent something this client cannot accept (bad frame, unexpected command).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// No bytes from the broker within the negotiated heart-beat window (with slack).
+    #[error("no heart-beat from broker for {silent_ms} ms")]
+    HeartbeatTimeout { silent_ms: u64 },
+    /// A bounded wait expired (connect handshake, receipt wait in `disconnect`).
+    #[error("timed out after {ms} ms waiting for {what}")]
+    Timeout { what: &'static str, ms: u64 },
+    /// The connection is closed (by `disconnect`, by the broker, or by dropping it).
+    #[error("connection closed")]
+    Closed,
+}
+
+impl From<std::io::Error> for ClientError {
+    fn from(e: std::io::Error) -> Self {
+        ClientError::Io(Arc::new(e))
+    }
+}

@@ -1,0 +1,87 @@
+//! A MESSAGE frame as the application sees it.
+
+use bytes::Bytes;
+
+/// A delivered message. `headers` are in wire order; [`Message::header`] returns the first
+/// occurrence (STOMP's "first wins" rule for repeated headers).
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    pub destination: String,
+    pub message_id: String,
+    pub subscription: String,
+    pub redelivered: bool,
+}
+
+impl Message {
+    pub(crate) fn from_headers(headers: Vec<(String, String)>, body: Bytes) -> Message {
+        let first = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let destination = first("destination");
+        let message_id = first("message-id");
+        let subscription = first("subscription");
+        let redelivered = first("redelivered") == "true";
+        Message {
+            headers,
+            body,
+            destination,
+            message_id,
+            subscription,
+            redelivered,
+        }
+    }
+
+    /// The first value of header `name`, if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The id to put in an ACK/NACK: the `ack` header (STOMP 1.2), else `message-id`.
+    pub fn ack_id(&self) -> &str {
+        self.header("ack").unwrap_or(&self.message_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn first_header_wins_and_ack_id_prefers_ack_header() {
+        let m = Message::from_headers(
+            h(&[
+                ("destination", "/queue/a"),
+                ("message-id", "m1"),
+                ("subscription", "s"),
+                ("ack", "a1"),
+                ("x", "first"),
+                ("x", "second"),
+                ("redelivered", "true"),
+            ]),
+            Bytes::from_static(b"hi"),
+        );
+        assert_eq!(m.header("x"), Some("first"));
+        assert_eq!(m.ack_id(), "a1");
+        assert!(m.redelivered);
+        assert_eq!(m.destination, "/queue/a");
+        let n = Message::from_headers(h(&[("message-id", "m2")]), Bytes::new());
+        assert_eq!(n.ack_id(), "m2");
+        assert!(!n.redelivered);
+    }
+}

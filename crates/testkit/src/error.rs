@@ -1,0 +1,36 @@
+//! Errors from starting, probing and stopping broker processes. Each carries the tail of the
+//! broker's log, because "did not start" is useless without the broker's own reason.
+
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("broker exited during start-up ({status}); log tail:\n{log_tail}")]
+    ExitedEarly {
+        status: std::process::ExitStatus,
+        log_tail: String,
+    },
+    #[error("broker at {addr} did not answer CONNECT within {ms} ms; log tail:\n{log_tail}")]
+    NotReady {
+        addr: std::net::SocketAddr,
+        ms: u64,
+        log_tail: String,
+    },
+    #[error("broker is not running")]
+    NotRunning,
+    #[error("signal {signal} to pid {pid} failed: {source}")]
+    Signal {
+        signal: i32,
+        pid: u32,
+        source: std::io::Error,
+    },
+}
+
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestkitError {
+    let what = what.into();
+    move |source| TestkitError::Io { what, source }
+}
