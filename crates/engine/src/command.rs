@@ -26,6 +26,22 @@ pub enum AckRef {
     },
 }
 
+impl std::fmt::Display for AckRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AckRef::Tag(tag) => write!(f, "ack id '{tag}'"),
+            AckRef::MessageId {
+                message_id,
+                subscription: Some(s),
+            } => write!(f, "message-id '{message_id}' on subscription '{s}'"),
+            AckRef::MessageId {
+                message_id,
+                subscription: None,
+            } => write!(f, "message-id '{message_id}'"),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Command {
     /// A connection finished the CONNECT handshake.

@@ -38,7 +38,7 @@ struct Sub {
     queue: QueueId,
     ack: AckMode,
     prefetch: u32,
-    /// Dispatched and not yet acknowledged (or, for auto-ack, not yet written out).
+    /// Dispatched and not yet acknowledged (for auto-ack: not yet written to the socket).
     inflight: u32,
     /// Unacknowledged deliveries in order: tag → message seq (not used for auto-ack).
     tags: BTreeMap<u64, u64>,
@@ -251,12 +251,17 @@ impl Engine {
                 sub_id,
                 count,
             } => {
-                let c = self.conns.get_mut(&conn).expect("checked");
-                // Credit may arrive after its subscription was replaced by another with the same
-                // id; only auto-ack subscriptions take it.
-                if let Some(sub) = c.subs.get_mut(&sub_id).filter(|s| s.ack == AckMode::Auto) {
-                    sub.inflight = sub.inflight.saturating_sub(count);
-                    self.to_dispatch.insert(sub.queue);
+                // The connection wrote `count` more MESSAGE frames of this auto-ack
+                // subscription to its socket: they are acknowledged now, oldest first. Credit
+                // may arrive after its subscription was replaced by another with the same id;
+                // only auto-ack subscriptions take it.
+                let c = &self.conns[&conn];
+                let tags: Vec<u64> = match c.subs.get(&sub_id).filter(|s| s.ack == AckMode::Auto) {
+                    Some(sub) => sub.tags.keys().take(count as usize).copied().collect(),
+                    None => Vec::new(),
+                };
+                for tag in tags {
+                    self.consume(conn, tag);
                 }
                 None
             }
@@ -651,7 +656,7 @@ impl Engine {
     /// Resolves an ACK/NACK to the delivery tags it covers (cumulative for `client` mode).
     fn resolve_ack(&self, conn: ConnId, ack: &AckRef) -> Result<Vec<u64>, EngineError> {
         let c = &self.conns[&conn];
-        let unknown = || EngineError::UnknownAck(format!("{ack:?}"));
+        let unknown = || EngineError::UnknownAck(ack.to_string());
         let (sub_id, tag) = match ack {
             AckRef::Tag(tag) => {
                 let (sub_id, _) = c.deliveries.get(tag).ok_or_else(unknown)?;
@@ -675,6 +680,11 @@ impl Engine {
             }
         };
         let sub = &c.subs[&sub_id];
+        if sub.ack == AckMode::Auto {
+            return Err(EngineError::UnknownAck(format!(
+                "{ack} (subscription '{sub_id}' uses ack:auto; there is nothing to acknowledge)"
+            )));
+        }
         Ok(match sub.ack {
             AckMode::Client => sub.tags.range(..=tag).map(|(t, _)| *t).collect(),
             _ => vec![tag],
@@ -691,6 +701,15 @@ impl Engine {
         let tags = self.resolve_ack(conn, ack)?;
         if let Some(tx) = transaction {
             let max = self.cfg.transaction_ops_max;
+            let bytes_max = self.cfg.transaction_bytes_max;
+            let ack_key_bytes = tags.first().map_or(0, |tag| {
+                let (sub_id, _) = &self.conns[&conn].deliveries[tag];
+                match &self.queue(self.conns[&conn].subs[sub_id].queue).key {
+                    QueueKey::Queue(n) => n.len(),
+                    QueueKey::Durable { client_id, name } => client_id.len() + name.len(),
+                    QueueKey::TopicSub { .. } | QueueKey::Temp { .. } => 0,
+                }
+            });
             let t = self.tx_mut(conn, &tx)?;
             let fresh: Vec<u64> = tags
                 .into_iter()
@@ -698,12 +717,18 @@ impl Engine {
                 .collect();
             if fresh.is_empty() {
                 return Err(EngineError::UnknownAck(format!(
-                    "{ack:?} (already acknowledged in transaction '{tx}')"
+                    "{ack} (already acknowledged in transaction '{tx}')"
                 )));
             }
             if t.sends.len() + t.acks.len() + fresh.len() > max {
                 return Err(EngineError::TransactionTooLarge(tx, max));
             }
+            // Each ack becomes a (queue, seq) entry of the commit record.
+            let bytes = fresh.len() * (ack_key_bytes + 16);
+            if t.send_bytes + bytes > bytes_max {
+                return Err(EngineError::TransactionBytesTooLarge(tx, bytes_max));
+            }
+            t.send_bytes += bytes;
             for tag in fresh {
                 t.acked_tags.insert(tag);
                 t.acks.push((tag, positive));
@@ -813,7 +838,9 @@ impl Engine {
         entry.redelivered = true;
         let dlq = self.dlq_for(q, &entry.msg);
         match dlq {
-            Some(dlq) if entry.deliveries > self.cfg.redeliveries_max => self.dead_letter(q, entry, dlq),
+            Some(dlq) if entry.deliveries > self.cfg.redeliveries_max => {
+                self.dead_letter(q, entry, dlq)
+            }
             _ => self.queue_mut(q).push(entry),
         }
     }
@@ -930,24 +957,21 @@ impl Engine {
         };
         self.out
             .push(Output::Effect(Effect::Deliver { conn, delivery }));
-        if auto_ack {
-            // Acknowledged once handed over; the remove is logged after the delivery, so a
-            // crash in between redelivers rather than loses it.
-            self.removed(q, &entry.msg);
-        } else {
-            let seq = entry.msg.seq;
-            sub.tags.insert(tag, seq);
-            sub.seq_tags.insert(seq, tag);
-            c.deliveries.insert(tag, (sub_id.to_string(), seq));
-            let old = self
-                .queue_mut(q)
-                .inflight
-                .insert(seq, InFlight { entry, conn, tag });
-            assert!(
-                old.is_none(),
-                "message delivered twice at once from one queue"
-            );
-        }
+        // Auto-ack deliveries are tracked like the others until the connection reports them
+        // written to its socket (`Command::Credit`): a connection that dies before that gets
+        // them redelivered, and their remove is logged only after the write.
+        let seq = entry.msg.seq;
+        sub.tags.insert(tag, seq);
+        sub.seq_tags.insert(seq, tag);
+        c.deliveries.insert(tag, (sub_id.to_string(), seq));
+        let old = self
+            .queue_mut(q)
+            .inflight
+            .insert(seq, InFlight { entry, conn, tag });
+        assert!(
+            old.is_none(),
+            "message delivered twice at once from one queue"
+        );
     }
 
     // ----------------------------------------------------------------------------------------
@@ -1333,9 +1357,7 @@ impl Engine {
                     assert_eq!((f.conn, f.tag), (*conn, *tag));
                     assert_eq!(c.deliveries[tag], (sub_id.clone(), *seq));
                 }
-                if sub.ack != AckMode::Auto {
-                    assert_eq!(sub.inflight as usize, sub.tags.len());
-                }
+                assert_eq!(sub.inflight as usize, sub.tags.len());
                 tags += sub.tags.len();
             }
             assert_eq!(tags, c.deliveries.len());

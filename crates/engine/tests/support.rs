@@ -144,13 +144,75 @@ impl Harness {
 
     /// A crash: a fresh engine rebuilt from the log alone.
     pub fn crash_and_recover(&mut self) {
+        self.engine = self.recovered_engine();
+    }
+
+    /// The engine a crash now would recover, leaving the running one untouched (so a test can
+    /// compare without losing its connections).
+    pub fn recovered_engine(&self) -> Engine {
         let mut e = Engine::new(self.cfg.clone());
         for (lsn, bytes) in &self.log {
             e.replay(*lsn, Record::decode(bytes).unwrap()).unwrap();
         }
         e.finish_recovery().unwrap();
         e.check_invariants();
-        self.engine = e;
+        e
+    }
+
+    /// Like [`Harness::cmd`], but returns every output in the order the engine produced it
+    /// (records are appended to the log as they go), so a test can check that an effect comes
+    /// after the records it depends on.
+    pub fn cmd_outputs(&mut self, c: Command) -> Result<Vec<Output>, EngineError> {
+        let mut out = Vec::new();
+        let ctx = self.ctx();
+        let r = self.engine.handle(c, ctx, &mut out);
+        if r.is_err() {
+            assert!(out.is_empty(), "an error must output nothing");
+        }
+        self.append_records(&out);
+        self.engine.check_invariants();
+        r.map(|_| out)
+    }
+
+    /// Appends the `Log` outputs to the log at consecutive LSNs (round-tripping the encoding).
+    pub fn append_records(&mut self, out: &[Output]) {
+        for o in out {
+            if let Output::Log(r) = o {
+                let bytes = r.to_bytes();
+                assert_eq!(&Record::decode(&bytes).unwrap(), r);
+                self.log.push((self.next_lsn, bytes));
+                self.next_lsn += 1;
+            }
+        }
+    }
+
+    /// Compaction: re-logs up to `max` live objects described below `lsn_limit` and appends
+    /// the records. Returns how many objects were re-logged.
+    pub fn relocate(&mut self, lsn_limit: u64, max: usize) -> usize {
+        let mut out = Vec::new();
+        let ctx = self.ctx();
+        let n = self.engine.relocate_below(lsn_limit, max, ctx, &mut out);
+        assert!(
+            out.iter().all(|o| matches!(o, Output::Log(_))),
+            "compaction only writes records"
+        );
+        assert_eq!(out.len(), n, "one record per relocated object");
+        self.append_records(&out);
+        self.engine.check_invariants();
+        n
+    }
+
+    /// What the server's segment deletion does: log a `Checkpoint` of the message numbering
+    /// first, then delete every record below both the live watermark and that checkpoint.
+    pub fn checkpoint_and_truncate(&mut self) {
+        let checkpoint = Record::Checkpoint {
+            next_seq: self.engine.next_seq(),
+        };
+        let cp_lsn = self.next_lsn;
+        self.log.push((cp_lsn, checkpoint.to_bytes()));
+        self.next_lsn += 1;
+        let keep_from = self.engine.min_live_lsn().unwrap_or(cp_lsn).min(cp_lsn);
+        self.log.retain(|(lsn, _)| *lsn >= keep_from);
     }
 
     /// Deletes log records below the engine's live watermark (what segment deletion does).

@@ -41,8 +41,6 @@ pub struct StompConfig {
     pub heartbeat_receive_ms: u64,
     /// A connection that has not sent CONNECT within this time is closed.
     pub connect_timeout_ms: u64,
-    /// Frames queued for one connection's socket beyond which the broker stops reading from it.
-    pub outbound_frames_max: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -111,7 +109,6 @@ impl Default for StompConfig {
             heartbeat_send_ms: 10_000,
             heartbeat_receive_ms: 10_000,
             connect_timeout_ms: 10_000,
-            outbound_frames_max: 10_000,
         }
     }
 }
@@ -212,9 +209,6 @@ impl Config {
         }
         if s.header_bytes_max < 64 {
             return invalid("stomp.header_bytes_max", "must be at least 64".into());
-        }
-        if s.outbound_frames_max == 0 {
-            return invalid("stomp.outbound_frames_max", "must be at least 1".into());
         }
         let j = &self.journal;
         if j.segment_bytes < 1024 * 1024 {

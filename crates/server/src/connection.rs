@@ -548,7 +548,21 @@ fn render_message(d: &Delivery, version: Version) -> Frame {
     headers.push(("priority".into(), m.priority.to_string()));
     headers.push(("expires".into(), m.expires_ms.to_string()));
     headers.push(("persistent".into(), m.persistent.to_string()));
-    headers.extend(m.headers.iter().cloned());
+    if version == Version::V1_0 {
+        // STOMP 1.0 has no header escaping: a newline (or a colon in a name) from a 1.1/1.2
+        // producer cannot be written, so it is replaced rather than breaking the consumer.
+        let clean = |s: &str, colon: bool| {
+            s.replace(['\n', '\r'], " ")
+                .replace(if colon { ':' } else { '\n' }, "_")
+        };
+        headers.extend(
+            m.headers
+                .iter()
+                .map(|(k, v)| (clean(k, true), clean(v, false))),
+        );
+    } else {
+        headers.extend(m.headers.iter().cloned());
+    }
     Frame {
         command: Cmd::Message,
         headers,

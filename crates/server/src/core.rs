@@ -54,7 +54,7 @@ pub(crate) enum CoreMsg {
 const COMMANDS_PER_BATCH_MAX: usize = 4096;
 
 /// Records appended but not yet durable beyond which the core stops taking commands.
-const UNSYNCED_RECORDS_MAX: u64 = 200_000;
+const UNSYNCED_RECORDS_MAX: u64 = 50_000;
 
 pub(crate) struct Core {
     engine: Engine,
@@ -165,6 +165,9 @@ impl Core {
             if let Some(tx) = self.conns.get(&conn) {
                 let _ = tx.send(ob);
             }
+        }
+        for (_, tx) in self.conns.drain() {
+            let _ = tx.send(Outbound::Close);
         }
         Ok(())
     }

@@ -26,11 +26,16 @@ use tokio::task::JoinHandle;
 /// Commands queued to the core before connections wait (backpressure on producers).
 const CORE_QUEUE_COMMANDS_MAX: usize = 16_384;
 
+/// How long an orderly shutdown waits for connections to write their last answers.
+const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(5);
+
 pub struct Server {
     local_addr: SocketAddr,
     stop: watch::Sender<bool>,
     core: JoinHandle<Result<(), ServerError>>,
     accept: JoinHandle<()>,
+    /// Connections being served; shutdown waits for them to write their last answers.
+    open: Arc<AtomicUsize>,
     _lock: lock::DirLock,
 }
 
@@ -114,13 +119,15 @@ impl Server {
             config,
             core: core_tx,
         });
-        let accept = tokio::spawn(accept_loop(listener, shared, stop_rx));
+        let open = Arc::new(AtomicUsize::new(0));
+        let accept = tokio::spawn(accept_loop(listener, shared, stop_rx, open.clone()));
         tracing::info!(stomp = %local_addr, "haven listening");
         Ok(Server {
             local_addr,
             stop: stop_tx,
             core,
             accept,
+            open,
             _lock: lock,
         })
     }
@@ -138,6 +145,14 @@ impl Server {
             ))),
         };
         self.accept.abort();
+        if result.is_ok() {
+            // The core has told every connection what completed and to close; give them a
+            // bounded time to write it.
+            let deadline = Instant::now() + SHUTDOWN_DRAIN_MAX;
+            while self.open.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         result
     }
 
@@ -153,9 +168,13 @@ impl Server {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    open: Arc<AtomicUsize>,
+) {
     static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
-    let open = Arc::new(AtomicUsize::new(0));
     let max = shared.config.stomp.connections_max;
     loop {
         let accepted = tokio::select! {
