@@ -53,6 +53,9 @@ pub(crate) enum CoreMsg {
 /// latency one busy burst can add to the next sync.
 const COMMANDS_PER_BATCH_MAX: usize = 4096;
 
+/// Unsynced records that nothing waits for, beyond which they are synced anyway.
+const LAZY_RECORDS_MAX: u64 = 1_000;
+
 /// Records appended but not yet durable beyond which the core stops taking commands.
 const UNSYNCED_RECORDS_MAX: u64 = 50_000;
 
@@ -143,10 +146,14 @@ impl Core {
                         }
                     }
                 }
-                _ = tick.tick() => self.maintain(),
+                _ = tick.tick() => {
+                    self.maintain();
+                    // Bounds how long a lazy record waits for a sync.
+                    self.journal.flush();
+                }
                 _ = stop.changed() => break Ok(()),
             }
-            self.journal.flush();
+            self.kick_journal();
         };
         if let Err(e) = &result {
             // fsync errors cannot be retried safely: stop serving at once.
@@ -170,6 +177,17 @@ impl Core {
             let _ = tx.send(Outbound::Close);
         }
         Ok(())
+    }
+
+    /// Hands appended records to the journal writer when something waits for them: a gated
+    /// answer, or a large unsynced backlog. Records nobody waits for (the removes of auto-ack
+    /// deliveries) ride along with the next sync instead of costing one of their own — a
+    /// crash before then redelivers those messages, which `ack:auto` allows.
+    fn kick_journal(&mut self) {
+        let unsynced = self.journal.next_lsn() - 1 - self.durable;
+        if !self.gated.is_empty() || unsynced >= LAZY_RECORDS_MAX {
+            self.journal.flush();
+        }
     }
 
     fn ctx(&self) -> Ctx {
