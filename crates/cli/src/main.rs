@@ -2,6 +2,11 @@
 
 mod bench;
 
+/// The broker allocates and frees a few small buffers per message on several threads; glibc's
+/// allocator fragments and spends a quarter of the CPU on that path (see BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand};
 use haven_server::{Config, Server};
 use std::net::SocketAddr;
@@ -9,7 +14,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "haven", version, about = "Haven: a highly available STOMP message broker")]
+#[command(
+    name = "haven",
+    version,
+    about = "Haven: a highly available STOMP message broker"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -36,13 +45,22 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     match cli.command {
-        Cmd::Run { config, stomp, data } => runtime.block_on(run(config, stomp, data)),
+        Cmd::Run {
+            config,
+            stomp,
+            data,
+        } => runtime.block_on(run(config, stomp, data)),
         Cmd::Bench(args) => match runtime.block_on(bench::run(*args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -53,7 +71,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Option<PathBuf>, stomp: Option<SocketAddr>, data: Option<PathBuf>) -> ExitCode {
+async fn run(
+    config: Option<PathBuf>,
+    stomp: Option<SocketAddr>,
+    data: Option<PathBuf>,
+) -> ExitCode {
     let mut cfg = match &config {
         Some(path) => match Config::load(path) {
             Ok(c) => c,

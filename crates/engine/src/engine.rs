@@ -891,14 +891,15 @@ impl Engine {
 
     /// `q` stops holding `msg`; durable bookkeeping follows.
     fn removed(&mut self, q: QueueId, msg: &Arc<Message>) {
-        let key = self.queue(q).key.clone();
         let Some(stored) = self.stored.get_mut(&msg.seq) else {
             return;
         };
-        let Some(pos) = stored.holders.iter().position(|h| *h == key) else {
+        let key = &self.queues[q].as_ref().expect("live queue id").key;
+        let Some(pos) = stored.holders.iter().position(|h| h == key) else {
             return;
         };
-        stored.holders.swap_remove(pos);
+        // Reuse the holder's key: no allocation on the per-message path.
+        let key = stored.holders.swap_remove(pos);
         self.removes.entry(key).or_default().push(msg.seq);
         if stored.holders.is_empty() {
             let lsn = stored.lsn;

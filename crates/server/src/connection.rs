@@ -27,6 +27,9 @@ pub(crate) struct Shared {
     pub core: mpsc::Sender<CoreMsg>,
 }
 
+/// Bytes buffered for the socket beyond which the writer flushes mid-batch.
+const WRITE_BUFFER_FLUSH_BYTES: usize = 256 * 1024;
+
 /// Outbound frames written per wake-up before flushing.
 const WRITES_PER_FLUSH_MAX: usize = 256;
 
@@ -72,6 +75,7 @@ pub(crate) async fn serve(stream: TcpStream, conn: ConnId, shared: Arc<Shared>) 
 
 struct Session {
     version: Version,
+    limits: Limits,
     outbound: mpsc::UnboundedReceiver<Outbound>,
     /// Negotiated heart-beat periods (0 = none).
     send_ms: u64,
@@ -221,6 +225,7 @@ async fn handshake(
     reader.decoder_mut().set_version(version);
     writer.encoder_mut().set_version(version);
     Some(Session {
+        limits: reader.decoder().limits(),
         version,
         outbound: rx,
         send_ms,
@@ -251,6 +256,10 @@ async fn run(
     };
     let mut last_write = Instant::now();
     let mut read_deadline = Instant::now() + recv_grace;
+    // MESSAGE frames are encoded straight into the write buffer (no `Frame` built per message).
+    let mut encoder = StompCodec::new(s.limits);
+    encoder.set_version(s.version);
+    let mut dest_buf = String::with_capacity(128);
     // Auto-ack deliveries written since the last flush, per subscription: credit to return.
     let mut credit: Vec<(String, u32)> = Vec::new();
     loop {
@@ -270,8 +279,16 @@ async fn run(
                                     None => credit.push((d.sub_id.clone(), 1)),
                                 }
                             }
-                            let frame = render_message(&d, s.version);
-                            if writer.feed(&frame).await.is_err() { done = true; break; }
+                            if encode_message(&encoder, &d, s.version, &mut dest_buf, writer.write_buffer_mut()).is_err() {
+                                done = true;
+                                break;
+                            }
+                            if writer.write_buffer().len() >= WRITE_BUFFER_FLUSH_BYTES
+                                && SinkExt::<Item>::flush(&mut writer).await.is_err()
+                            {
+                                done = true;
+                                break;
+                            }
                         }
                         Outbound::Receipt(id) => {
                             let frame = Frame::new(Cmd::Receipt).with_header("receipt-id", id);
@@ -531,6 +548,78 @@ fn ack_ref(frame: &Frame, version: Version) -> Result<AckRef, String> {
         message_id,
         subscription: opt(frame, "subscription"),
     })
+}
+
+/// Decimal text of a number without allocating.
+struct Dec {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Dec {
+    fn new(mut n: u64) -> Dec {
+        let mut buf = [0u8; 20];
+        let mut start = 20;
+        loop {
+            start -= 1;
+            buf[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Dec { buf, start }
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[self.start..]).expect("ASCII digits")
+    }
+}
+
+/// Writes one MESSAGE frame for `d` into `dst`.
+fn encode_message(
+    encoder: &StompCodec,
+    d: &Delivery,
+    version: Version,
+    dest_buf: &mut String,
+    dst: &mut bytes::BytesMut,
+) -> std::io::Result<()> {
+    if version == Version::V1_0 {
+        // Rare, and needs header rewriting: the allocating path.
+        let f = render_message(d, version);
+        let headers = f.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        return encoder.encode_parts(Cmd::Message, headers, &f.body, dst);
+    }
+    use std::fmt::Write;
+    let m = &d.message;
+    dest_buf.clear();
+    write!(dest_buf, "{}", m.destination).expect("writing to a String");
+    let (tag, count) = (Dec::new(d.ack_tag), Dec::new(d.delivery_count as u64));
+    let (ts, prio, exp) = (
+        Dec::new(m.timestamp_ms),
+        Dec::new(m.priority as u64),
+        Dec::new(m.expires_ms),
+    );
+    let bool_str = |b: bool| if b { "true" } else { "false" };
+    let fixed = [
+        ("subscription", d.sub_id.as_str()),
+        ("message-id", m.id.as_str()),
+        ("destination", dest_buf.as_str()),
+        ("ack", tag.as_str()),
+        ("redelivered", bool_str(d.redelivered)),
+        ("delivery-count", count.as_str()),
+        ("timestamp", ts.as_str()),
+        ("priority", prio.as_str()),
+        ("expires", exp.as_str()),
+        ("persistent", bool_str(m.persistent)),
+    ];
+    let v12 = version == Version::V1_2;
+    let headers = fixed
+        .iter()
+        .copied()
+        .filter(move |(k, _)| v12 || *k != "ack")
+        .chain(m.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    encoder.encode_parts(Cmd::Message, headers, &m.body, dst)
 }
 
 fn render_message(d: &Delivery, version: Version) -> Frame {

@@ -313,12 +313,47 @@ impl StompCodec {
     }
 
     fn write_frame(&self, frame: &Frame, dst: &mut BytesMut) -> io::Result<()> {
-        let mode = Escaping::for_frame(self.version, frame.command);
-        let body_len = frame.body.len();
+        let headers = frame.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        self.write_parts(frame.command, headers, &frame.body, dst)
+    }
+
+    /// Encodes a frame from borrowed parts without building a [`Frame`] — the broker's hot
+    /// path for MESSAGE frames. Same rules and guarantees as the `Frame` encoder: on error
+    /// nothing is left in `dst`.
+    pub fn encode_parts<'a, I>(
+        &self,
+        command: Command,
+        headers: I,
+        body: &[u8],
+        dst: &mut BytesMut,
+    ) -> io::Result<()>
+    where
+        I: Iterator<Item = (&'a str, &'a str)> + Clone,
+    {
+        let start = dst.len();
+        let result = self.write_parts(command, headers, body, dst);
+        if result.is_err() {
+            dst.truncate(start);
+        }
+        result
+    }
+
+    fn write_parts<'a, I>(
+        &self,
+        command: Command,
+        headers: I,
+        body: &[u8],
+        dst: &mut BytesMut,
+    ) -> io::Result<()>
+    where
+        I: Iterator<Item = (&'a str, &'a str)> + Clone,
+    {
+        let mode = Escaping::for_frame(self.version, command);
+        let body_len = body.len();
         let mut has_content_length = false;
         // Exact when nothing needs escaping, which is the usual case.
-        let mut size = frame.command.as_str().len() + 1;
-        for (name, value) in &frame.headers {
+        let mut size = command.as_str().len() + 1;
+        for (name, value) in headers.clone() {
             size += name.len() + value.len() + 2;
             if name == "content-length" && !has_content_length {
                 has_content_length = true;
@@ -337,9 +372,9 @@ impl StompCodec {
         size += 1 + body_len + 1;
         dst.reserve(size);
 
-        dst.put_slice(frame.command.as_str().as_bytes());
+        dst.put_slice(command.as_str().as_bytes());
         dst.put_u8(b'\n');
-        for (name, value) in &frame.headers {
+        for (name, value) in headers {
             escape_into(dst, name, Part::Name, mode).map_err(unencodable)?;
             dst.put_u8(b':');
             escape_into(dst, value, Part::Value, mode).map_err(unencodable)?;
@@ -352,7 +387,7 @@ impl StompCodec {
             dst.put_u8(b'\n');
         }
         dst.put_u8(b'\n');
-        dst.put_slice(&frame.body);
+        dst.put_slice(body);
         dst.put_u8(0);
         Ok(())
     }
