@@ -68,10 +68,16 @@ impl Seen {
 
     /// Number of distinct sequence numbers below `sent` that arrived from `producer`.
     pub fn count_below(&self, producer: usize, sent: u64) -> u64 {
-        let Some(words) = self.bits.get(producer) else { return 0 };
+        let Some(words) = self.bits.get(producer) else {
+            return 0;
+        };
         let full = (sent / 64) as usize;
-        let mut n: u64 = words.iter().take(full).map(|w| u64::from(w.count_ones())).sum();
-        if sent % 64 != 0 {
+        let mut n: u64 = words
+            .iter()
+            .take(full)
+            .map(|w| u64::from(w.count_ones()))
+            .sum();
+        if !sent.is_multiple_of(64) {
             if let Some(w) = words.get(full) {
                 n += u64::from((w & ((1u64 << (sent % 64)) - 1)).count_ones());
             }
@@ -145,7 +151,11 @@ pub async fn subscribe(plan: ConsumerPlan) -> Result<Subscribed> {
     let mut acks = BytesMut::new();
     tokio::time::timeout(deadline, async {
         loop {
-            let frame = conn.reader.next().await?.ok_or(BenchError::Closed("during SUBSCRIBE"))?;
+            let frame = conn
+                .reader
+                .next()
+                .await?
+                .ok_or(BenchError::Closed("during SUBSCRIBE"))?;
             if frame.is("RECEIPT") {
                 return Ok::<(), BenchError>(());
             }
@@ -161,9 +171,20 @@ pub async fn subscribe(plan: ConsumerPlan) -> Result<Subscribed> {
 
 /// Receives until `stop` turns true, then ACKs what is pending, DISCONNECTs with a receipt (so
 /// the broker has processed the ACKs before this run ends) and reports.
-pub async fn run(subscribed: Subscribed, mut stop: watch::Receiver<bool>) -> Result<ConsumerReport> {
-    let Subscribed { plan, conn, mut state } = subscribed;
-    let stomp::Connection { mut reader, mut writer, version } = conn;
+pub async fn run(
+    subscribed: Subscribed,
+    mut stop: watch::Receiver<bool>,
+) -> Result<ConsumerReport> {
+    let Subscribed {
+        plan,
+        conn,
+        mut state,
+    } = subscribed;
+    let stomp::Connection {
+        mut reader,
+        mut writer,
+        version,
+    } = conn;
     let mut out = BytesMut::with_capacity(4096);
     loop {
         while let Some(frame) = reader.try_next()? {
@@ -235,7 +256,13 @@ impl State {
         }
     }
 
-    fn handle(&mut self, plan: &ConsumerPlan, version: Version, frame: &Frame, out: &mut BytesMut) -> Result<()> {
+    fn handle(
+        &mut self,
+        plan: &ConsumerPlan,
+        version: Version,
+        frame: &Frame,
+        out: &mut BytesMut,
+    ) -> Result<()> {
         if frame.is("ERROR") {
             return Err(BenchError::Broker(frame.error_text()));
         }
@@ -244,7 +271,11 @@ impl State {
         }
         let now_ns = plan.epoch.elapsed().as_nanos() as u64;
         if plan.ack != AckMode::Auto {
-            let id_header = if version == Version::V12 { "ack" } else { "message-id" };
+            let id_header = if version == Version::V12 {
+                "ack"
+            } else {
+                "message-id"
+            };
             let id = frame
                 .header(id_header)
                 .ok_or_else(|| BenchError::Protocol(format!("MESSAGE without {id_header}")))?;
@@ -266,11 +297,14 @@ impl State {
             frame.header_u64(headers::SEQ),
             frame.header_u64(headers::SENT_NS),
         ) else {
-            return Err(BenchError::Protocol("bench message lost its producer/seq/sent headers".into()));
+            return Err(BenchError::Protocol(
+                "bench message lost its producer/seq/sent headers".into(),
+            ));
         };
-        let producer = usize::try_from(producer).ok().filter(|&p| p < PRODUCERS_MAX).ok_or_else(|| {
-            BenchError::Protocol(format!("producer id {producer} out of range"))
-        })?;
+        let producer = usize::try_from(producer)
+            .ok()
+            .filter(|&p| p < PRODUCERS_MAX)
+            .ok_or_else(|| BenchError::Protocol(format!("producer id {producer} out of range")))?;
         self.deliveries += 1;
         plan.progress.delivered.fetch_add(1, Ordering::Relaxed);
         if !self.seen.mark(producer, seq) {
@@ -280,7 +314,8 @@ impl State {
             self.redelivered += 1;
         }
         if seq >= plan.warmup {
-            self.latency_ns.saturating_record(now_ns.saturating_sub(sent_ns));
+            self.latency_ns
+                .saturating_record(now_ns.saturating_sub(sent_ns));
             self.last_receive_ns = self.last_receive_ns.max(now_ns);
         }
         Ok(())

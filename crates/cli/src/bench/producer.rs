@@ -92,7 +92,8 @@ pub async fn run(plan: ProducerPlan) -> Result<ProducerReport> {
                 Stop::Count(n) => seq + 1 >= n,
                 Stop::Duration(_) => deadline.is_some_and(|d| now >= d),
             };
-            let want_receipt = last || (plan.receipt_every > 0 && (seq + 1) % plan.receipt_every == 0);
+            let want_receipt =
+                last || (plan.receipt_every > 0 && (seq + 1).is_multiple_of(plan.receipt_every));
             if want_receipt {
                 // Send what is batched before (possibly) waiting for the window.
                 if !buf.is_empty() {
@@ -167,22 +168,38 @@ pub async fn run(plan: ProducerPlan) -> Result<ProducerReport> {
     }
     let end = Instant::now();
     let last = last_receipt.load(Ordering::Acquire);
-    assert_eq!(last, seq - 1, "all permits back means the last frame's receipt arrived");
+    assert_eq!(
+        last,
+        seq - 1,
+        "all permits back means the last frame's receipt arrived"
+    );
     // DISCONNECT with a receipt: the reader stops at that receipt, whether or not the broker
     // then closes the socket.
     stomp::begin(&mut buf, "DISCONNECT");
     stomp::header(&mut buf, "receipt", DISCONNECT_RECEIPT);
     stomp::end(&mut buf, b"");
     writer.write_all(&buf).await?;
-    let (receipts, receipt_latency_ns) = match tokio::time::timeout(Duration::from_secs(5), reader).await {
-        Ok(Ok(Ok(r))) => r,
-        Ok(Ok(Err(e))) => return Err(e),
-        Ok(Err(join)) => panic!("receipt reader panicked: {join}"),
-        Err(_) => return Err(BenchError::Timeout("no RECEIPT for DISCONNECT within 5 s".into())),
-    };
+    let (receipts, receipt_latency_ns) =
+        match tokio::time::timeout(Duration::from_secs(5), reader).await {
+            Ok(Ok(Ok(r))) => r,
+            Ok(Ok(Err(e))) => return Err(e),
+            Ok(Err(join)) => panic!("receipt reader panicked: {join}"),
+            Err(_) => {
+                return Err(BenchError::Timeout(
+                    "no RECEIPT for DISCONNECT within 5 s".into(),
+                ))
+            }
+        };
     let _ = writer.shutdown().await;
     assert_eq!(receipts, receipts_asked);
-    Ok(ProducerReport { id: plan.id, sent: seq, receipts, receipt_latency_ns, measure_start, end })
+    Ok(ProducerReport {
+        id: plan.id,
+        sent: seq,
+        receipts,
+        receipt_latency_ns,
+        measure_start,
+        end,
+    })
 }
 
 /// Reads RECEIPTs until the DISCONNECT's receipt (or the broker closes the connection). On ERROR or a protocol violation it
@@ -213,7 +230,9 @@ async fn read_receipts(
             break Ok(());
         }
         let Some((seq, sent_ns)) = frame.header("receipt-id").and_then(parse_receipt_id) else {
-            break Err(BenchError::Protocol("RECEIPT with an unknown receipt-id".into()));
+            break Err(BenchError::Protocol(
+                "RECEIPT with an unknown receipt-id".into(),
+            ));
         };
         if seq >= warmup {
             histogram.saturating_record(now_ns.saturating_sub(sent_ns));
@@ -228,5 +247,8 @@ async fn read_receipts(
 
 fn parse_receipt_id(id: &[u8]) -> Option<(u64, u64)> {
     let dot = id.iter().position(|&b| b == b'.')?;
-    Some((stomp::parse_u64(&id[..dot])?, stomp::parse_u64(&id[dot + 1..])?))
+    Some((
+        stomp::parse_u64(&id[..dot])?,
+        stomp::parse_u64(&id[dot + 1..])?,
+    ))
 }

@@ -37,25 +37,49 @@ pub struct LoadOutcome {
 }
 
 impl LoadOutcome {
-    pub fn new(args: &BenchArgs, epoch: Instant, producers: Vec<ProducerReport>, consumers: Vec<ConsumerReport>) -> LoadOutcome {
+    pub fn new(
+        args: &BenchArgs,
+        epoch: Instant,
+        producers: Vec<ProducerReport>,
+        consumers: Vec<ConsumerReport>,
+    ) -> LoadOutcome {
         let mut receipt_latency_ns = new_histogram();
         let mut latency_ns = new_histogram();
         let mut seen = Seen::default();
         let mut duplicates = 0;
         for c in &consumers {
             duplicates += c.duplicates + seen.merge(&c.seen);
-            latency_ns.add(&c.latency_ns).expect("auto-resizing histograms merge");
+            latency_ns
+                .add(&c.latency_ns)
+                .expect("auto-resizing histograms merge");
         }
         for p in &producers {
-            receipt_latency_ns.add(&p.receipt_latency_ns).expect("auto-resizing histograms merge");
+            receipt_latency_ns
+                .add(&p.receipt_latency_ns)
+                .expect("auto-resizing histograms merge");
         }
         let sent: u64 = producers.iter().map(|p| p.sent).sum();
-        let unique: u64 = producers.iter().map(|p| seen.count_below(p.id as usize, p.sent)).sum();
+        let unique: u64 = producers
+            .iter()
+            .map(|p| seen.count_below(p.id as usize, p.sent))
+            .sum();
         assert!(unique <= sent);
-        let start = producers.iter().map(|p| p.measure_start).min().expect("at least one producer");
-        let send_end = producers.iter().map(|p| p.end).max().expect("at least one producer");
+        let start = producers
+            .iter()
+            .map(|p| p.measure_start)
+            .min()
+            .expect("at least one producer");
+        let send_end = producers
+            .iter()
+            .map(|p| p.end)
+            .max()
+            .expect("at least one producer");
         let start_ns = start.duration_since(epoch).as_nanos() as u64;
-        let recv_end_ns = consumers.iter().map(|c| c.last_receive_ns).max().unwrap_or(0);
+        let recv_end_ns = consumers
+            .iter()
+            .map(|c| c.last_receive_ns)
+            .max()
+            .unwrap_or(0);
         LoadOutcome {
             sent,
             receipts: producers.iter().map(|p| p.receipts).sum(),
@@ -65,7 +89,10 @@ impl LoadOutcome {
             duplicates,
             redelivered_flagged: consumers.iter().map(|c| c.redelivered_flagged).sum(),
             stale: consumers.iter().map(|c| c.stale).sum(),
-            send_measured: producers.iter().map(|p| p.sent.saturating_sub(args.warmup)).sum(),
+            send_measured: producers
+                .iter()
+                .map(|p| p.sent.saturating_sub(args.warmup))
+                .sum(),
             send_seconds: send_end.duration_since(start).as_secs_f64(),
             recv_measured: latency_ns.len(),
             recv_seconds: Duration::from_nanos(recv_end_ns.saturating_sub(start_ns)).as_secs_f64(),
@@ -131,8 +158,18 @@ impl LoadOutcome {
             args.queues,
             args.label.as_deref().map(|l| format!(" [{l}]")).unwrap_or_default(),
         );
-        println!("sent      {:>10} msgs in {:>7.2} s = {:>10.0} msg/s", self.send_measured, self.send_seconds, self.send_rate());
-        println!("received  {:>10} msgs in {:>7.2} s = {:>10.0} msg/s", self.recv_measured, self.recv_seconds, self.recv_rate());
+        println!(
+            "sent      {:>10} msgs in {:>7.2} s = {:>10.0} msg/s",
+            self.send_measured,
+            self.send_seconds,
+            self.send_rate()
+        );
+        println!(
+            "received  {:>10} msgs in {:>7.2} s = {:>10.0} msg/s",
+            self.recv_measured,
+            self.recv_seconds,
+            self.recv_rate()
+        );
         println!("send->receipt  {}", latency_text(&self.receipt_latency_ns));
         println!("send->receive  {}", latency_text(&self.latency_ns));
         println!(
@@ -151,7 +188,11 @@ impl LoadOutcome {
 }
 
 fn rate(n: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 { n as f64 / seconds } else { 0.0 }
+    if seconds > 0.0 {
+        n as f64 / seconds
+    } else {
+        0.0
+    }
 }
 
 fn us(ns: u64) -> f64 {
@@ -189,13 +230,26 @@ fn latency_text(h: &Histogram<u64>) -> String {
 /// Runs the fsync probe and prints its result. The probe is the journal's own
 /// (`haven_journal::try_fdatasync_probe`: write + `fdatasync` into a preallocated file), so the
 /// number is the ceiling for the journal's group commit, measured the way the journal syncs.
-pub fn fsync(dir: &Path, count: usize, bytes: usize, as_json: bool, label: Option<&str>) -> Result<()> {
+pub fn fsync(
+    dir: &Path,
+    count: usize,
+    bytes: usize,
+    as_json: bool,
+    label: Option<&str>,
+) -> Result<()> {
     if count == 0 {
         return Err(BenchError::Args("--fsync-count must be at least 1".into()));
     }
-    std::fs::create_dir_all(dir).map_err(|source| BenchError::Fsync { dir: dir.display().to_string(), source })?;
-    let samples = haven_journal::try_fdatasync_probe(dir, count, bytes)
-        .map_err(|source| BenchError::Fsync { dir: dir.display().to_string(), source })?;
+    std::fs::create_dir_all(dir).map_err(|source| BenchError::Fsync {
+        dir: dir.display().to_string(),
+        source,
+    })?;
+    let samples = haven_journal::try_fdatasync_probe(dir, count, bytes).map_err(|source| {
+        BenchError::Fsync {
+            dir: dir.display().to_string(),
+            source,
+        }
+    })?;
     let mut h = new_histogram();
     for s in &samples {
         h.saturating_record(s.as_nanos() as u64);
@@ -214,7 +268,10 @@ pub fn fsync(dir: &Path, count: usize, bytes: usize, as_json: bool, label: Optio
         });
         println!("{line}");
     } else {
-        println!("fdatasync on {} ({count} x {bytes} B writes): {rate:.0} syncs/s", dir.display());
+        println!(
+            "fdatasync on {} ({count} x {bytes} B writes): {rate:.0} syncs/s",
+            dir.display()
+        );
         println!("latency        {}", latency_text(&h));
     }
     Ok(())
@@ -232,7 +289,14 @@ mod tests {
     }
 
     fn producer(id: u32, sent: u64, epoch: Instant) -> ProducerReport {
-        ProducerReport { id, sent, receipts: 1, receipt_latency_ns: new_histogram(), measure_start: epoch, end: epoch }
+        ProducerReport {
+            id,
+            sent,
+            receipts: 1,
+            receipt_latency_ns: new_histogram(),
+            measure_start: epoch,
+            end: epoch,
+        }
     }
 
     fn consumer(marks: &[(usize, u64)]) -> ConsumerReport {
@@ -264,7 +328,10 @@ mod tests {
             &args,
             epoch,
             vec![producer(0, 3, epoch), producer(1, 2, epoch)],
-            vec![consumer(&[(0, 0), (0, 1), (1, 0), (1, 0)]), consumer(&[(0, 1), (1, 1)])],
+            vec![
+                consumer(&[(0, 0), (0, 1), (1, 0), (1, 0)]),
+                consumer(&[(0, 1), (1, 1)]),
+            ],
         );
         assert_eq!(outcome.sent, 5);
         assert_eq!(outcome.unique, 4);
@@ -276,7 +343,12 @@ mod tests {
     fn exact_delivery_is_clean() {
         let args = Cli::parse_from(["bench"]).args;
         let epoch = Instant::now();
-        let outcome = LoadOutcome::new(&args, epoch, vec![producer(0, 2, epoch)], vec![consumer(&[(0, 1), (0, 0)])]);
+        let outcome = LoadOutcome::new(
+            &args,
+            epoch,
+            vec![producer(0, 2, epoch)],
+            vec![consumer(&[(0, 1), (0, 0)])],
+        );
         assert_eq!((outcome.lost, outcome.duplicates), (0, 0));
     }
 }

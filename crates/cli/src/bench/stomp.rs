@@ -41,7 +41,10 @@ impl Frame {
 
     /// First occurrence wins, as STOMP 1.2 requires for repeated headers.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers.iter().find(|(k, _)| k == name.as_bytes()).map(|(_, v)| &v[..])
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name.as_bytes())
+            .map(|(_, v)| &v[..])
     }
 
     pub fn header_u64(&self, name: &str) -> Option<u64> {
@@ -50,10 +53,17 @@ impl Frame {
 
     /// `message` header and body of an ERROR frame, for humans.
     pub fn error_text(&self) -> String {
-        let message = self.header("message").map(String::from_utf8_lossy).unwrap_or_default();
+        let message = self
+            .header("message")
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default();
         let body = String::from_utf8_lossy(&self.body);
         let body = body.trim();
-        if body.is_empty() { message.into_owned() } else { format!("{message}: {body}") }
+        if body.is_empty() {
+            message.into_owned()
+        } else {
+            format!("{message}: {body}")
+        }
     }
 }
 
@@ -82,7 +92,10 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Frame>> {
     }
     let Some((head_len, body_start)) = find_blank_line(buf) else {
         if buf.len() > FRAME_BYTES_MAX {
-            return Err(BenchError::Protocol(format!("no end of headers in {} bytes", buf.len())));
+            return Err(BenchError::Protocol(format!(
+                "no end of headers in {} bytes",
+                buf.len()
+            )));
         }
         return Ok(None);
     };
@@ -90,8 +103,15 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Frame>> {
     let mut lines = Vec::with_capacity(16);
     let mut start = 0;
     while start < head_len {
-        let end = buf[start..head_len].iter().position(|&b| b == b'\n').map_or(head_len, |i| start + i);
-        let trimmed_end = if end > start && buf[end - 1] == b'\r' { end - 1 } else { end };
+        let end = buf[start..head_len]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(head_len, |i| start + i);
+        let trimmed_end = if end > start && buf[end - 1] == b'\r' {
+            end - 1
+        } else {
+            end
+        };
         lines.push((start, trimmed_end));
         start = end + 1;
     }
@@ -104,7 +124,8 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Frame>> {
         };
         let (ks, ke, vs, ve) = (s, s + colon, s + colon + 1, e);
         if content_length.is_none() && &buf[ks..ke] == b"content-length" {
-            let n = parse_u64(&buf[vs..ve]).ok_or_else(|| BenchError::Protocol("bad content-length".into()))?;
+            let n = parse_u64(&buf[vs..ve])
+                .ok_or_else(|| BenchError::Protocol("bad content-length".into()))?;
             content_length = Some(usize::try_from(n).unwrap_or(usize::MAX));
         }
         header_ranges.push((ks, ke, vs, ve));
@@ -112,7 +133,9 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Frame>> {
     let body_end = match content_length {
         Some(n) => {
             if n > FRAME_BYTES_MAX {
-                return Err(BenchError::Protocol(format!("content-length {n} over {FRAME_BYTES_MAX}")));
+                return Err(BenchError::Protocol(format!(
+                    "content-length {n} over {FRAME_BYTES_MAX}"
+                )));
             }
             if buf.len() < body_start + n + 1 {
                 return Ok(None);
@@ -238,7 +261,10 @@ pub struct Connection {
 pub async fn connect(options: &ConnectOptions) -> Result<Connection> {
     let stream = TcpStream::connect(&options.addr)
         .await
-        .map_err(|source| BenchError::Connect { addr: options.addr.clone(), source })?;
+        .map_err(|source| BenchError::Connect {
+            addr: options.addr.clone(),
+            source,
+        })?;
     stream.set_nodelay(true)?;
     let (rd, mut writer) = stream.into_split();
     let mut buf = BytesMut::with_capacity(256);
@@ -254,10 +280,18 @@ pub async fn connect(options: &ConnectOptions) -> Result<Connection> {
     }
     end(&mut buf, b"");
     writer.write_all(&buf).await?;
-    let mut reader = FrameReader { rd, buf: BytesMut::with_capacity(READ_CHUNK_BYTES) };
+    let mut reader = FrameReader {
+        rd,
+        buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+    };
     let reply = tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), reader.next())
         .await
-        .map_err(|_| BenchError::Timeout(format!("no CONNECTED from {} within {CONNECT_TIMEOUT_MS} ms", options.addr)))??;
+        .map_err(|_| {
+            BenchError::Timeout(format!(
+                "no CONNECTED from {} within {CONNECT_TIMEOUT_MS} ms",
+                options.addr
+            ))
+        })??;
     let frame = reply.ok_or(BenchError::Closed("during CONNECT"))?;
     if frame.is("ERROR") {
         return Err(BenchError::Broker(frame.error_text()));
@@ -273,7 +307,11 @@ pub async fn connect(options: &ConnectOptions) -> Result<Connection> {
         Some(b"1.1") => Version::V11,
         _ => Version::V10,
     };
-    Ok(Connection { reader, writer, version })
+    Ok(Connection {
+        reader,
+        writer,
+        version,
+    })
 }
 
 #[cfg(test)]
@@ -297,7 +335,11 @@ mod tests {
         assert!(frames[0].is("RECEIPT"));
         assert_eq!(frames[0].header_u64("receipt-id"), Some(7));
         assert!(frames[1].is("MESSAGE"));
-        assert_eq!(frames[1].header("a"), Some(&b"1"[..]), "first repeated header wins");
+        assert_eq!(
+            frames[1].header("a"),
+            Some(&b"1"[..]),
+            "first repeated header wins"
+        );
         assert_eq!(&frames[1].body[..], b"x\0y");
     }
 
