@@ -147,7 +147,9 @@ enum Stop {
 }
 
 fn parse_header(s: &str) -> std::result::Result<(String, String), String> {
-    let (k, v) = s.split_once(':').ok_or_else(|| format!("`{s}` is not NAME:VALUE"))?;
+    let (k, v) = s
+        .split_once(':')
+        .ok_or_else(|| format!("`{s}` is not NAME:VALUE"))?;
     if k.is_empty() || k.contains('\n') || v.contains('\n') {
         return Err(format!("`{s}` is not a valid header"));
     }
@@ -156,7 +158,13 @@ fn parse_header(s: &str) -> std::result::Result<(String, String), String> {
 
 pub async fn run(args: BenchArgs) -> std::result::Result<(), Box<dyn std::error::Error>> {
     if let Some(dir) = &args.fsync_probe {
-        return Ok(report::fsync(dir, args.fsync_count, args.fsync_bytes, args.json, args.label.as_deref())?);
+        return Ok(report::fsync(
+            dir,
+            args.fsync_count,
+            args.fsync_bytes,
+            args.json,
+            args.label.as_deref(),
+        )?);
     }
     Ok(run_load(args).await?)
 }
@@ -164,9 +172,16 @@ pub async fn run(args: BenchArgs) -> std::result::Result<(), Box<dyn std::error:
 async fn run_load(args: BenchArgs) -> Result<()> {
     validate(&args)?;
     let epoch = Instant::now();
-    let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    let run_id = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
         ^ u64::from(std::process::id()) << 48;
-    let addr = args.url.trim_start_matches("tcp://").trim_start_matches("stomp://").trim_end_matches('/').to_string();
+    let addr = args
+        .url
+        .trim_start_matches("tcp://")
+        .trim_start_matches("stomp://")
+        .trim_end_matches('/')
+        .to_string();
     let connect = stomp::ConnectOptions {
         addr,
         login: args.login.clone(),
@@ -176,7 +191,9 @@ async fn run_load(args: BenchArgs) -> Result<()> {
     let destinations: Vec<String> = if args.queues == 1 {
         vec![args.destination.clone()]
     } else {
-        (0..args.queues).map(|q| format!("{}.{q}", args.destination)).collect()
+        (0..args.queues)
+            .map(|q| format!("{}.{q}", args.destination))
+            .collect()
     };
 
     // Consumers first, all subscribed before any producer starts. One after the other: the
@@ -210,12 +227,14 @@ async fn run_load(args: BenchArgs) -> Result<()> {
     let total = args.count.unwrap_or(100_000);
     let sent_counter = Arc::new(AtomicU64::new(0));
     let body = Arc::new(vec![b'x'; args.size]);
-    let mut producers: Vec<Option<JoinHandle<Result<producer::ProducerReport>>>> = (0..args.producers)
+    let mut producers: Vec<Option<JoinHandle<Result<producer::ProducerReport>>>> = (0..args
+        .producers)
         .map(|p| {
             let stop = match args.duration_s {
                 Some(s) => Stop::Duration(Duration::from_secs_f64(s)),
                 None => {
-                    let share = total / u64::from(args.producers) + u64::from(u64::from(p) < total % u64::from(args.producers));
+                    let share = total / u64::from(args.producers)
+                        + u64::from(u64::from(p) < total % u64::from(args.producers));
                     Stop::Count(args.warmup + share)
                 }
             };
@@ -226,7 +245,11 @@ async fn run_load(args: BenchArgs) -> Result<()> {
                 body: body.clone(),
                 persistent: args.persistent,
                 receipt_every: args.receipt_every,
-                receipt_window: if args.receipt_every <= 1 { 1 } else { args.receipt_window },
+                receipt_window: if args.receipt_every <= 1 {
+                    1
+                } else {
+                    args.receipt_window
+                },
                 stop,
                 warmup: args.warmup,
                 run_id,
@@ -275,7 +298,9 @@ async fn run_load(args: BenchArgs) -> Result<()> {
     let mut last_progress = Instant::now();
     loop {
         let delivered = progress.delivered.load(Ordering::Relaxed);
-        if delivered >= total_sent || last_progress.elapsed() > Duration::from_secs(args.drain_timeout_s) {
+        if delivered >= total_sent
+            || last_progress.elapsed() > Duration::from_secs(args.drain_timeout_s)
+        {
             break;
         }
         if delivered != last_delivered {
@@ -301,7 +326,10 @@ async fn run_load(args: BenchArgs) -> Result<()> {
     let outcome = report::LoadOutcome::new(&args, epoch, producer_reports, consumer_reports);
     outcome.print(&args);
     if outcome.lost > 0 || outcome.duplicates > 0 {
-        return Err(BenchError::Accounting { lost: outcome.lost, duplicates: outcome.duplicates });
+        return Err(BenchError::Accounting {
+            lost: outcome.lost,
+            duplicates: outcome.duplicates,
+        });
     }
     Ok(())
 }
@@ -331,8 +359,10 @@ fn validate(args: &BenchArgs) -> Result<()> {
 /// a consumer and every consumer has a destination.
 fn consumer_destinations(destinations: &[String], consumer: u32, consumers: u32) -> Vec<String> {
     let m = destinations.len() as u32;
-    let mut mine: Vec<String> =
-        (0..m).filter(|q| q % consumers == consumer).map(|q| destinations[q as usize].clone()).collect();
+    let mut mine: Vec<String> = (0..m)
+        .filter(|q| q % consumers == consumer)
+        .map(|q| destinations[q as usize].clone())
+        .collect();
     if consumer >= m {
         mine.push(destinations[(consumer % m) as usize].clone());
     }
@@ -348,7 +378,9 @@ async fn join<T>(handle: JoinHandle<Result<T>>) -> Result<T> {
     }
 }
 
-async fn consumer_failed(consumers: &mut [JoinHandle<Result<consumer::ConsumerReport>>]) -> Option<BenchError> {
+async fn consumer_failed(
+    consumers: &mut [JoinHandle<Result<consumer::ConsumerReport>>],
+) -> Option<BenchError> {
     for handle in consumers.iter_mut() {
         if handle.is_finished() {
             // A consumer only ends early on an error.
@@ -363,7 +395,10 @@ async fn consumer_failed(consumers: &mut [JoinHandle<Result<consumer::ConsumerRe
     None
 }
 
-fn abort_all<'a, A: 'a, B>(producers: impl Iterator<Item = &'a JoinHandle<A>>, consumers: &[JoinHandle<B>]) {
+fn abort_all<'a, A: 'a, B>(
+    producers: impl Iterator<Item = &'a JoinHandle<A>>,
+    consumers: &[JoinHandle<B>],
+) {
     producers.for_each(JoinHandle::abort);
     consumers.iter().for_each(JoinHandle::abort);
 }
@@ -380,15 +415,27 @@ fn progress_bar(args: &BenchArgs, expected: u64) -> Option<indicatif::ProgressBa
         Some(_) => "{spinner} {elapsed_precise} received {pos} ({per_sec}) {msg}",
         None => "{spinner} {elapsed_precise} [{bar:30}] received {pos}/{len} ({per_sec}) {msg}",
     };
-    bar.set_style(indicatif::ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
     Some(bar)
 }
 
-fn update_bar(bar: &Option<indicatif::ProgressBar>, sent: &AtomicU64, progress: &consumer::Progress) {
+fn update_bar(
+    bar: &Option<indicatif::ProgressBar>,
+    sent: &AtomicU64,
+    progress: &consumer::Progress,
+) {
     if let Some(b) = bar {
         b.set_position(progress.delivered.load(Ordering::Relaxed));
         let stale = progress.stale.load(Ordering::Relaxed);
-        let stale = if stale > 0 { format!(", {stale} stale") } else { String::new() };
+        let stale = if stale > 0 {
+            format!(", {stale} stale")
+        } else {
+            String::new()
+        };
         b.set_message(format!("sent {}{stale}", sent.load(Ordering::Relaxed)));
     }
 }
