@@ -64,6 +64,22 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
 impl Server {
     /// Recovers the journal and starts listening. Returns once clients can connect.
     pub async fn start(config: Config) -> Result<Server, ServerError> {
+        Server::start_inner(config, None).await
+    }
+
+    /// Like `start`, with a journal whose writes and fsyncs a test can make fail.
+    #[cfg(feature = "fault-injection")]
+    pub async fn start_with_faults(
+        config: Config,
+        faults: Arc<haven_journal::Faults>,
+    ) -> Result<Server, ServerError> {
+        Server::start_inner(config, Some(faults)).await
+    }
+
+    async fn start_inner(
+        config: Config,
+        faults: Option<Arc<Faults>>,
+    ) -> Result<Server, ServerError> {
         config.validate(std::path::Path::new("<flags>"))?;
         let dir = config.journal.dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| ServerError::DataDir {
@@ -83,11 +99,12 @@ impl Server {
         let started = Instant::now();
         let mut records = 0u64;
         let journal = tokio::task::block_in_place(|| {
-            Journal::open(jcfg, |lsn, payload| {
+            let on_record = |lsn, payload: &[u8]| {
                 records += 1;
                 let record = Record::decode(payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
                 engine.replay(lsn, record)
-            })
+            };
+            open_journal(jcfg, faults, on_record)
         })?;
         engine.finish_recovery().map_err(ServerError::Recovery)?;
         let messages: usize = engine.queue_stats().iter().map(|q| q.ready).sum();
@@ -165,6 +182,26 @@ impl Server {
     /// A handle that stops the server from elsewhere (signal handlers).
     pub fn stopper(&self) -> watch::Sender<bool> {
         self.stop.clone()
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+type Faults = haven_journal::Faults;
+/// Without the feature there are no faults to inject.
+#[cfg(not(feature = "fault-injection"))]
+enum Faults {}
+
+fn open_journal(
+    config: JournalConfig,
+    faults: Option<Arc<Faults>>,
+    on_record: impl FnMut(u64, &[u8]) -> Result<(), String>,
+) -> Result<Journal, haven_journal::JournalError> {
+    match faults {
+        #[cfg(feature = "fault-injection")]
+        Some(faults) => Journal::open_with_faults(config, faults, on_record),
+        #[cfg(not(feature = "fault-injection"))]
+        Some(never) => match *never {},
+        None => Journal::open(config, on_record),
     }
 }
 
