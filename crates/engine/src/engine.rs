@@ -406,6 +406,16 @@ impl Engine {
                     .queue_ids
                     .get(&key)
                     .is_some_and(|&q| self.queue(q).topic.as_deref() == Some(name.as_str()));
+                if !unchanged && self.queue_ids.contains_key(&key) {
+                    // Another topic: JMS starts the subscription afresh. The drop of what it
+                    // held is logged explicitly, so replay never depends on the dead record
+                    // that named the old topic (segment deletion may have removed it).
+                    self.log(Record::DurableUnsubscribe {
+                        client_id: client_id.clone(),
+                        name: dname.clone(),
+                    });
+                    self.apply_durable_unsubscribe(&client_id, &dname);
+                }
                 if !unchanged {
                     let lsn = self.log(Record::DurableSubscribe {
                         client_id: client_id.clone(),
@@ -550,9 +560,11 @@ impl Engine {
     fn number(&mut self, destination: &Destination, m: NewMessage) -> Arc<Message> {
         let seq = self.next_seq;
         self.next_seq += 1;
-        // Messages to temporary destinations die with their owner: never logged.
-        let persistent = m.persistent && !destination.is_temporary();
-        let id = if persistent {
+        // Only a message that will be logged keeps its number across a restart, so only it
+        // gets the restart-stable id; the rest carry this boot's id so that no message-id is
+        // ever reused (clients de-duplicate by it).
+        let logged = m.persistent && self.will_be_logged(destination);
+        let id = if logged {
             format!("ID:haven-{seq}")
         } else {
             format!("ID:haven-{:x}-{seq}", self.cfg.boot_id)
@@ -568,6 +580,19 @@ impl Engine {
             expires_ms: m.expires_ms,
             timestamp_ms: self.now_ms,
         })
+    }
+
+    /// Whether a persistent message to `destination` is written to the log: queues always,
+    /// topics when a durable subscription listens, temporary destinations never.
+    fn will_be_logged(&self, destination: &Destination) -> bool {
+        match destination {
+            Destination::Queue(_) => true,
+            Destination::Topic(_) => self.topics.get(destination).is_some_and(|qs| {
+                qs.iter()
+                    .any(|&q| matches!(self.queue(q).key, QueueKey::Durable { .. }))
+            }),
+            Destination::TempQueue { .. } | Destination::TempTopic { .. } => false,
+        }
     }
 
     /// Puts a numbered message into every queue its destination reaches; returns the durable
@@ -863,6 +888,12 @@ impl Engine {
     fn dead_letter(&mut self, from: QueueId, entry: Entry, dlq: QueueKey) {
         let msg = entry.msg.clone();
         let to = self.queue_for(dlq.clone());
+        if self.queue(to).contains(&msg) {
+            // Already dead-lettered through another holder (a topic message that failed on two
+            // durable subscriptions): this holder just lets go of it. One DLQ copy.
+            self.removed(from, &msg);
+            return;
+        }
         let from_key = self.queue(from).key.clone();
         self.queue_mut(to).push(Entry {
             msg: msg.clone(),
