@@ -184,7 +184,7 @@ impl Engine {
             } => {
                 match transaction {
                     Some(tx) => self.tx_push_send(conn, &tx, destination, message)?,
-                    None => self.send(destination, message),
+                    None => self.send(conn, destination, message),
                 }
                 receipt
             }
@@ -543,10 +543,10 @@ impl Engine {
         }
     }
 
-    fn send(&mut self, destination: Destination, message: NewMessage) {
+    fn send(&mut self, sender: ConnId, destination: Destination, message: NewMessage) {
         let msg = self.number(&destination, message);
         let lsn = self.lsn;
-        let holders = self.route(&destination, msg.clone(), lsn);
+        let holders = self.route(sender, &destination, msg.clone(), lsn);
         if !holders.is_empty() {
             let logged = self.log(Record::Store {
                 message: msg,
@@ -597,15 +597,30 @@ impl Engine {
 
     /// Puts a numbered message into every queue its destination reaches; returns the durable
     /// queues holding it (to be logged at `lsn` by the caller).
-    fn route(&mut self, destination: &Destination, msg: Arc<Message>, lsn: u64) -> Vec<QueueKey> {
+    fn route(
+        &mut self,
+        sender: ConnId,
+        destination: &Destination,
+        msg: Arc<Message>,
+        lsn: u64,
+    ) -> Vec<QueueKey> {
         let targets: Vec<QueueId> = match destination {
             Destination::Queue(name) => vec![self.queue_for(QueueKey::Queue(name.clone()))],
             Destination::TempQueue { owner, name } => {
-                if !self.conns.contains_key(owner) {
-                    // The owner is gone, and its temporary queue with it: the reply has nowhere to go.
-                    return Vec::new();
+                let key = QueueKey::Temp {
+                    owner: *owner,
+                    name: name.clone(),
+                };
+                match self.queue_ids.get(&key) {
+                    Some(&q) => vec![q],
+                    // The owner may use its own temporary queue before subscribing to it.
+                    None if *owner == sender && self.conns.contains_key(owner) => {
+                        vec![self.temp_queue(*owner, name)]
+                    }
+                    // Its owner is gone, or never made it: nobody can ever read it, so the
+                    // message has nowhere to go (and must not pile up unread).
+                    None => return Vec::new(),
                 }
-                vec![self.temp_queue(*owner, name)]
             }
             Destination::Topic(_) | Destination::TempTopic { .. } => {
                 self.topics.get(destination).cloned().unwrap_or_default()
@@ -797,7 +812,7 @@ impl Engine {
         let mut stores = Vec::new();
         for (destination, message) in tx.sends {
             let msg = self.number(&destination, message);
-            let holders = self.route(&destination, msg.clone(), lsn);
+            let holders = self.route(conn, &destination, msg.clone(), lsn);
             if !holders.is_empty() {
                 stores.push((msg, holders));
             }

@@ -273,19 +273,25 @@ async fn run(
                 while let Some(ob) = next.take() {
                     match ob {
                         Outbound::Deliver(d) => {
+                            if let Err(e) = encode_message(&encoder, &d, s.version, &mut dest_buf, writer.write_buffer_mut()) {
+                                // Not written, so not credited: closing redelivers it.
+                                tracing::warn!(conn, error = %e, "cannot encode a MESSAGE for this connection; closing it");
+                                let message = format!("cannot deliver message {}: {e}", d.message.id);
+                                let _ = writer.feed(&Frame::new(Cmd::Error).with_header("message", message)).await;
+                                done = true;
+                                break;
+                            }
                             if d.auto_ack {
+                                // Credit (and with it the acknowledgement) only once written.
                                 match credit.iter_mut().find(|(id, _)| *id == d.sub_id) {
                                     Some((_, c)) => *c += 1,
                                     None => credit.push((d.sub_id.clone(), 1)),
                                 }
                             }
-                            if encode_message(&encoder, &d, s.version, &mut dest_buf, writer.write_buffer_mut()).is_err() {
-                                done = true;
-                                break;
-                            }
                             if writer.write_buffer().len() >= WRITE_BUFFER_FLUSH_BYTES
                                 && SinkExt::<Item>::flush(&mut writer).await.is_err()
                             {
+                                credit.clear();
                                 done = true;
                                 break;
                             }
@@ -308,7 +314,11 @@ async fn run(
                         next = s.outbound.try_recv().ok();
                     }
                 }
-                if SinkExt::<Item>::flush(&mut writer).await.is_err() { done = true; }
+                if SinkExt::<Item>::flush(&mut writer).await.is_err() {
+                    // Not known to be written: no acknowledgement; closing redelivers them.
+                    credit.clear();
+                    done = true;
+                }
                 last_write = Instant::now();
                 for (sub_id, count) in credit.drain(..) {
                     if core.send(CoreMsg::Command(Command::Credit { conn, sub_id, count })).await.is_err() { done = true; }
@@ -576,6 +586,13 @@ impl Dec {
     }
 }
 
+fn m_has_trailing_cr(d: &Delivery) -> bool {
+    d.message
+        .headers
+        .iter()
+        .any(|(k, v)| k.ends_with('\r') || v.ends_with('\r'))
+}
+
 /// Writes one MESSAGE frame for `d` into `dst`.
 fn encode_message(
     encoder: &StompCodec,
@@ -584,7 +601,8 @@ fn encode_message(
     dest_buf: &mut String,
     dst: &mut bytes::BytesMut,
 ) -> std::io::Result<()> {
-    if version == Version::V1_0 {
+    let cr_for_1_1 = version == Version::V1_1 && m_has_trailing_cr(d);
+    if version == Version::V1_0 || cr_for_1_1 {
         // Rare, and needs header rewriting: the allocating path.
         let f = render_message(d, version);
         let headers = f.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
@@ -637,7 +655,14 @@ fn render_message(d: &Delivery, version: Version) -> Frame {
     headers.push(("priority".into(), m.priority.to_string()));
     headers.push(("expires".into(), m.expires_ms.to_string()));
     headers.push(("persistent".into(), m.persistent.to_string()));
-    if version == Version::V1_0 {
+    if version == Version::V1_1 {
+        // 1.1 cannot escape CR, and a value ending in one would lose it (or break the frame).
+        let clean = |v: &str| match v.strip_suffix('\r') {
+            Some(rest) => format!("{rest} "),
+            None => v.to_string(),
+        };
+        headers.extend(m.headers.iter().map(|(k, v)| (clean(k), clean(v))));
+    } else if version == Version::V1_0 {
         // STOMP 1.0 has no header escaping: a newline (or a colon in a name) from a 1.1/1.2
         // producer cannot be written, so it is replaced rather than breaking the consumer.
         let clean = |s: &str, colon: bool| {

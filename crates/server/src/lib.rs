@@ -137,7 +137,13 @@ impl Server {
             core: core_tx,
         });
         let open = Arc::new(AtomicUsize::new(0));
-        let accept = tokio::spawn(accept_loop(listener, shared, stop_rx, open.clone()));
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            shared,
+            stop_rx,
+            open.clone(),
+            boot_id,
+        ));
         tracing::info!(stomp = %local_addr, "haven listening");
         Ok(Server {
             local_addr,
@@ -210,8 +216,12 @@ async fn accept_loop(
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
+    boot_id: u64,
 ) {
-    static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+    // Connection ids name temporary destinations (`/remote-temp-queue/haven-<conn>-<name>`):
+    // starting from the boot time keeps a stale reply-to from an earlier run from reaching a
+    // new connection that happens to get the same number.
+    let next_conn = AtomicU64::new(boot_id << 20);
     let max = shared.config.stomp.connections_max;
     loop {
         let accepted = tokio::select! {
@@ -233,7 +243,7 @@ async fn accept_loop(
             continue;
         }
         open.fetch_add(1, Ordering::Relaxed);
-        let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        let conn = next_conn.fetch_add(1, Ordering::Relaxed);
         let shared = shared.clone();
         let open = open.clone();
         tokio::spawn(async move {
