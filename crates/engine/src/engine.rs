@@ -12,7 +12,9 @@ use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
 use crate::queue::{Entry, InFlight, Queue, QueueId};
 use crate::record::Record;
-use crate::types::{AckMode, ConnId, Destination, QueueKey};
+use crate::types::{
+    is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination, QueueKey,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -84,6 +86,11 @@ pub struct Engine {
     queue_ids: HashMap<QueueKey, QueueId>,
     /// Topic (or temporary topic) → the queues its messages are copied into.
     topics: HashMap<Destination, Vec<QueueId>>,
+    /// Topic subscriptions whose name holds `*` or `>` segments, matched at send time.
+    wildcard_topics: HashMap<Destination, Vec<QueueId>>,
+    /// `VirtualTopic.X` → the queues `Consumer.<group>.VirtualTopic.X` (ActiveMQ's virtual
+    /// topics: each consumer group load-balances its own copy of the topic).
+    virtual_queues: HashMap<String, Vec<QueueId>>,
     conns: HashMap<ConnId, Conn>,
     client_ids: HashMap<String, ConnId>,
     stored: HashMap<u64, Stored>,
@@ -108,6 +115,8 @@ impl Engine {
             free_queue_ids: Vec::new(),
             queue_ids: HashMap::new(),
             topics: HashMap::new(),
+            wildcard_topics: HashMap::new(),
+            virtual_queues: HashMap::new(),
             conns: HashMap::new(),
             client_ids: HashMap::new(),
             stored: HashMap::new(),
@@ -182,6 +191,11 @@ impl Engine {
                 transaction,
                 receipt,
             } => {
+                if let Destination::Queue(name) | Destination::Topic(name) = &destination {
+                    if is_wildcard(name) {
+                        return Err(EngineError::WildcardSend(destination.to_string()));
+                    }
+                }
                 match transaction {
                     Some(tx) => self.tx_push_send(conn, &tx, destination, message)?,
                     None => self.send(conn, destination, message),
@@ -376,6 +390,11 @@ impl Engine {
                 self.cfg.subscriptions_per_connection_max,
             ));
         }
+        if let Destination::Queue(name) = &destination {
+            if is_wildcard(name) {
+                return Err(EngineError::WildcardQueue(destination.to_string()));
+            }
+        }
         if let Destination::TempQueue { owner, .. } | Destination::TempTopic { owner, .. } =
             &destination
         {
@@ -438,7 +457,7 @@ impl Engine {
                     conn,
                     sub_id: sub_id.clone(),
                 });
-                self.topics.entry(destination.clone()).or_default().push(q);
+                self.attach_topic(destination.clone(), q);
                 private_queue = true;
                 topic = Some(destination.clone());
                 q
@@ -530,12 +549,7 @@ impl Engine {
         q.next_consumer = 0;
         if sub.private_queue {
             let topic = sub.topic.expect("private queues belong to topics");
-            if let Some(list) = self.topics.get_mut(&topic) {
-                list.retain(|&x| x != sub.queue);
-                if list.is_empty() {
-                    self.topics.remove(&topic);
-                }
-            }
+            self.detach_topic(&topic, sub.queue);
             let mut queue = self.remove_queue(sub.queue);
             drop(queue.drain_all());
         } else {
@@ -587,10 +601,10 @@ impl Engine {
     fn will_be_logged(&self, destination: &Destination) -> bool {
         match destination {
             Destination::Queue(_) => true,
-            Destination::Topic(_) => self.topics.get(destination).is_some_and(|qs| {
-                qs.iter()
-                    .any(|&q| matches!(self.queue(q).key, QueueKey::Durable { .. }))
-            }),
+            Destination::Topic(_) => self
+                .topic_targets(destination)
+                .iter()
+                .any(|&q| self.queue(q).key.is_durable_kind()),
             Destination::TempQueue { .. } | Destination::TempTopic { .. } => false,
         }
     }
@@ -623,7 +637,7 @@ impl Engine {
                 }
             }
             Destination::Topic(_) | Destination::TempTopic { .. } => {
-                self.topics.get(destination).cloned().unwrap_or_default()
+                self.topic_targets(destination)
             }
         };
         let durable_msg = msg.persistent && !destination.is_temporary();
@@ -1045,6 +1059,14 @@ impl Engine {
                 self.queues.len() - 1
             }
         };
+        if let QueueKey::Queue(name) = &key {
+            if let Some(topic) = virtual_topic_of(name) {
+                self.virtual_queues
+                    .entry(topic.to_string())
+                    .or_default()
+                    .push(q);
+            }
+        }
         self.queue_ids.insert(key, q);
         q
     }
@@ -1129,10 +1151,7 @@ impl Engine {
         queue.topic = Some(topic.to_string());
         queue.record_lsn = lsn;
         if attach {
-            self.topics
-                .entry(Destination::Topic(topic.to_string()))
-                .or_default()
-                .push(q);
+            self.attach_topic(Destination::Topic(topic.to_string()), q);
         }
         self.live.insert(lsn, live);
     }
@@ -1164,13 +1183,49 @@ impl Engine {
         );
     }
 
+    /// Subscribes queue `q` to a topic name or wildcard pattern.
+    fn attach_topic(&mut self, topic: Destination, q: QueueId) {
+        let map = match &topic {
+            Destination::Topic(name) if is_wildcard(name) => &mut self.wildcard_topics,
+            _ => &mut self.topics,
+        };
+        map.entry(topic).or_default().push(q);
+    }
+
     fn detach_topic(&mut self, topic: &Destination, q: QueueId) {
-        if let Some(list) = self.topics.get_mut(topic) {
+        let map = match topic {
+            Destination::Topic(name) if is_wildcard(name) => &mut self.wildcard_topics,
+            _ => &mut self.topics,
+        };
+        if let Some(list) = map.get_mut(topic) {
             list.retain(|&x| x != q);
             if list.is_empty() {
-                self.topics.remove(topic);
+                map.remove(topic);
             }
         }
+    }
+
+    /// Every queue a message sent to `topic` is copied into: subscribers of that exact name,
+    /// of matching wildcard patterns, and for `VirtualTopic.*` names the consumer queues
+    /// `Consumer.<group>.VirtualTopic.*`.
+    fn topic_targets(&self, topic: &Destination) -> Vec<QueueId> {
+        let mut targets = self.topics.get(topic).cloned().unwrap_or_default();
+        if let Destination::Topic(name) = topic {
+            for (pattern, qs) in &self.wildcard_topics {
+                if let Destination::Topic(p) = pattern {
+                    if wildcard_matches(p, name) {
+                        targets.extend(qs.iter().copied());
+                    }
+                }
+            }
+            if let Some(qs) = self.virtual_queues.get(name) {
+                targets.extend(qs.iter().copied());
+            }
+        }
+        // A queue subscribed through two patterns gets one copy.
+        targets.sort_unstable();
+        targets.dedup();
+        targets
     }
 
     /// Everything a durable queue holds is released from it (no remove records: the caller's

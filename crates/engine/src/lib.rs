@@ -32,4 +32,7 @@ pub use engine::{Ctx, Engine, QueueStats};
 pub use error::EngineError;
 pub use message::Message;
 pub use record::Record;
-pub use types::{AckMode, ConnId, Destination, DestinationError, QueueKey};
+pub use types::{
+    is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination,
+    DestinationError, QueueKey,
+};

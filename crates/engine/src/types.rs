@@ -122,6 +122,36 @@ impl fmt::Display for Destination {
     }
 }
 
+/// Whether a topic name is a wildcard pattern: a segment (between `.`) that is `*` (exactly
+/// one segment) or `>` (this and every following segment, zero or more — ActiveMQ's rule).
+pub fn is_wildcard(name: &str) -> bool {
+    name.split('.').any(|seg| seg == "*" || seg == ">")
+}
+
+/// ActiveMQ wildcard matching over `.`-separated segments.
+pub fn wildcard_matches(pattern: &str, name: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut n = name.split('.');
+    loop {
+        match (p.next(), n.next()) {
+            (Some(">"), _) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// `Consumer.<group>.VirtualTopic.<rest>` → `VirtualTopic.<rest>`: the virtual topic whose
+/// messages this queue receives a copy of.
+pub fn virtual_topic_of(queue_name: &str) -> Option<&str> {
+    let rest = queue_name.strip_prefix("Consumer.")?;
+    let (group, topic) = rest.split_once('.')?;
+    (!group.is_empty() && topic.starts_with("VirtualTopic.") && topic.len() > "VirtualTopic.".len())
+        .then_some(topic)
+}
+
 /// Which store-side queue holds a message. Only `Queue` and `Durable` are ever written to the
 /// log; the others live and die with a connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -188,6 +218,34 @@ mod tests {
         let shown = tq.to_string();
         assert_eq!(shown, "/remote-temp-queue/haven-7-reply-1");
         assert_eq!(Destination::parse(&shown, 9).unwrap(), tq);
+    }
+
+    #[test]
+    fn wildcards_follow_activemq() {
+        assert!(is_wildcard("PRICE.>") && is_wildcard("PRICE.*.X") && !is_wildcard("PRICE.STOCK"));
+        assert!(wildcard_matches("PRICE.>", "PRICE.STOCK.NASDAQ.ORCL"));
+        assert!(
+            wildcard_matches("PRICE.>", "PRICE"),
+            "'>' matches zero or more segments"
+        );
+        assert!(wildcard_matches("PRICE.*.NASDAQ", "PRICE.STOCK.NASDAQ"));
+        assert!(!wildcard_matches("PRICE.*.NASDAQ", "PRICE.STOCK.NYSE"));
+        assert!(!wildcard_matches("PRICE.*", "PRICE.STOCK.NASDAQ"));
+        assert!(!wildcard_matches("PRICE.*", "PRICE"));
+        assert!(wildcard_matches(">", "anything.at.all"));
+        assert!(!wildcard_matches("A.B", "A.B.C"));
+    }
+
+    #[test]
+    fn virtual_topic_consumer_queues() {
+        assert_eq!(
+            virtual_topic_of("Consumer.A.VirtualTopic.Orders"),
+            Some("VirtualTopic.Orders")
+        );
+        assert_eq!(virtual_topic_of("Consumer.A.B"), None);
+        assert_eq!(virtual_topic_of("Consumer..VirtualTopic.X"), None);
+        assert_eq!(virtual_topic_of("Consumer.A.VirtualTopic."), None);
+        assert_eq!(virtual_topic_of("orders"), None);
     }
 
     #[test]
