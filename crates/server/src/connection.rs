@@ -342,7 +342,17 @@ async fn run(
                         let disconnect = frame.command == Cmd::Disconnect;
                         let msg = match translate(conn, &frame, s.version, shared) {
                             Ok(cmd) => CoreMsg::Command(cmd),
-                            Err(message) => {
+                            Err(Refusal::Composite(cmds)) => {
+                                // One SEND to several destinations: one command each, in order;
+                                // only the last carries the receipt.
+                                let mut failed = false;
+                                for cmd in cmds {
+                                    if core.send(CoreMsg::Command(cmd)).await.is_err() { failed = true; break; }
+                                }
+                                if failed { break; }
+                                continue;
+                            }
+                            Err(Refusal::Bad(message)) => {
                                 reading = false;
                                 CoreMsg::Fail { conn, message, receipt: frame.header("receipt").map(str::to_string) }
                             }
@@ -384,28 +394,69 @@ fn opt(frame: &Frame, name: &str) -> Option<String> {
 }
 
 /// Turns a client frame into an engine command, or says what is wrong with it.
+/// Why a frame did not become exactly one command.
+enum Refusal {
+    /// Malformed: this message goes into the ERROR frame.
+    Bad(String),
+    /// A SEND to a composite destination (`/queue/a,/topic/b`): one command per destination.
+    Composite(Vec<Command>),
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal::Bad(message)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Refusal {
+        Refusal::Bad(message.to_string())
+    }
+}
+
+/// Most destinations one composite SEND may name.
+const COMPOSITE_DESTINATIONS_MAX: usize = 64;
+
 fn translate(
     conn: ConnId,
     frame: &Frame,
     version: Version,
     shared: &Shared,
-) -> Result<Command, String> {
+) -> Result<Command, Refusal> {
     let receipt = opt(frame, "receipt");
     let dest = |name: &str| Destination::parse(name, conn).map_err(|e| e.to_string());
     Ok(match frame.command {
         Cmd::Send => {
-            let destination = dest(required(frame, "destination")?)?;
+            let dest_text = required(frame, "destination")?;
+            let mut composite = Vec::new();
+            if dest_text.contains(',') {
+                for part in dest_text.split(',') {
+                    composite.push(dest(part.trim())?);
+                }
+                if composite.len() > COMPOSITE_DESTINATIONS_MAX {
+                    return Err(Refusal::Bad(format!(
+                        "composite destination names {} destinations; at most {COMPOSITE_DESTINATIONS_MAX}",
+                        composite.len()
+                    )));
+                }
+            }
+            let destination = match composite.first() {
+                Some(d) => d.clone(),
+                None => dest(dest_text)?,
+            };
             let persistent = match frame.header("persistent") {
                 None => shared.config.broker.default_persistent,
                 Some("true") => true,
                 Some("false") => false,
-                Some(v) => return Err(format!("persistent must be 'true' or 'false', not '{v}'")),
+                Some(v) => {
+                    return Err(format!("persistent must be 'true' or 'false', not '{v}'").into())
+                }
             };
             let priority = match frame.header("priority") {
                 None => 4,
                 Some(v) => match v.trim().parse::<u8>() {
                     Ok(p) if p <= 9 => p,
-                    _ => return Err(format!("priority must be an integer 0-9, not '{v}'")),
+                    _ => return Err(format!("priority must be an integer 0-9, not '{v}'").into()),
                 },
             };
             let expires_ms = match frame.header("expires") {
@@ -428,17 +479,34 @@ fn translate(
                 };
                 headers.push((k.clone(), v));
             }
+            let message = NewMessage {
+                headers,
+                body: frame.body.clone(),
+                persistent,
+                priority,
+                expires_ms,
+            };
+            let transaction = opt(frame, "transaction");
+            if composite.len() > 1 {
+                let last = composite.len() - 1;
+                let cmds = composite
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, destination)| Command::Send {
+                        conn,
+                        destination,
+                        message: message.clone(),
+                        transaction: transaction.clone(),
+                        receipt: if i == last { receipt.clone() } else { None },
+                    })
+                    .collect();
+                return Err(Refusal::Composite(cmds));
+            }
             Command::Send {
                 conn,
                 destination,
-                message: NewMessage {
-                    headers,
-                    body: frame.body.clone(),
-                    persistent,
-                    priority,
-                    expires_ms,
-                },
-                transaction: opt(frame, "transaction"),
+                message,
+                transaction,
                 receipt,
             }
         }
@@ -536,7 +604,8 @@ fn translate(
             return Err(format!(
                 "{} is a server frame; a client may not send it",
                 frame.command.as_str()
-            ))
+            )
+            .into())
         }
     })
 }

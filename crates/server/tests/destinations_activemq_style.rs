@@ -1,0 +1,85 @@
+//! ActiveMQ destination features over the wire: composite SEND, wildcard topic subscriptions,
+//! virtual topics.
+
+use haven_client::{AckMode, ConnectOptions, Connection};
+use haven_server::{Config, Server};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn start() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Config::default();
+    c.stomp.listen = "127.0.0.1:0".parse().unwrap();
+    c.journal.dir = dir.path().to_path_buf();
+    (Server::start(c).await.unwrap(), dir)
+}
+
+async fn connect(server: &Server) -> Connection {
+    Connection::connect(&server.local_addr().to_string(), ConnectOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn next_body(sub: &mut haven_client::Subscription) -> String {
+    let m = tokio::time::timeout(WAIT, sub.next())
+        .await
+        .expect("a message in time")
+        .expect("open");
+    String::from_utf8(m.body.to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn composite_send_reaches_each_destination_and_receipts_once() {
+    let (server, _dir) = start().await;
+    let c = connect(&server).await;
+    let mut q = c.subscribe("/queue/a", AckMode::Auto, &[]).await.unwrap();
+    let mut t = c.subscribe("/topic/b", AckMode::Auto, &[]).await.unwrap();
+    c.send_receipted("/queue/a,/topic/b", &[("k", "v")], "both")
+        .await
+        .unwrap();
+    assert_eq!(next_body(&mut q).await, "both");
+    assert_eq!(next_body(&mut t).await, "both");
+    // A bad part refuses the whole SEND.
+    let bad = connect(&server).await;
+    assert!(bad
+        .send_receipted("/queue/a,/bogus/x", &[], "no")
+        .await
+        .is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), q.next())
+            .await
+            .is_err(),
+        "nothing from the refused SEND"
+    );
+    c.disconnect().await.unwrap();
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wildcard_topic_subscription_and_virtual_topic_groups() {
+    let (server, _dir) = start().await;
+    let c = connect(&server).await;
+    let mut all = c
+        .subscribe("/topic/PRICE.>", AckMode::Auto, &[])
+        .await
+        .unwrap();
+    let mut group = c
+        .subscribe(
+            "/queue/Consumer.billing.VirtualTopic.Orders",
+            AckMode::Auto,
+            &[],
+        )
+        .await
+        .unwrap();
+    c.send_receipted("/topic/PRICE.STOCK.ORCL", &[], "p1")
+        .await
+        .unwrap();
+    c.send_receipted("/topic/VirtualTopic.Orders", &[], "o1")
+        .await
+        .unwrap();
+    assert_eq!(next_body(&mut all).await, "p1");
+    assert_eq!(next_body(&mut group).await, "o1");
+    c.disconnect().await.unwrap();
+    server.shutdown().await.unwrap();
+}
