@@ -14,6 +14,18 @@ pub struct NewMessage {
     pub expires_ms: u64,
 }
 
+/// ActiveMQ consumer options from SUBSCRIBE headers.
+#[derive(Clone, Debug, Default)]
+pub struct SubscribeOptions {
+    /// `activemq.exclusive:true`: while this consumer is subscribed, it alone receives the
+    /// queue's messages; when it leaves, the next exclusive consumer (in subscription order)
+    /// takes over, or all consumers if none is exclusive.
+    pub exclusive: bool,
+    /// `activemq.priority` (0–127): consumers of higher priority with prefetch room are served
+    /// first; equal priorities share round-robin.
+    pub priority: u8,
+}
+
 /// Which delivery an ACK or NACK names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AckRef {
@@ -64,6 +76,7 @@ pub enum Command {
         prefetch: u32,
         /// `activemq.subscriptionName` on a topic: a durable subscription.
         durable_name: Option<String>,
+        options: SubscribeOptions,
         receipt: Option<String>,
     },
     Unsubscribe {

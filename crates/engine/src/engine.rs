@@ -4,7 +4,7 @@
 //! subscriptions that point at queues by id; `stored` tracks, for each persistent message held
 //! by a durable queue, which durable queues hold it and the LSN of the record describing it.
 
-use crate::command::{AckRef, Command, NewMessage};
+use crate::command::{AckRef, Command, NewMessage, SubscribeOptions};
 use crate::config::{DlqPolicy, EngineConfig};
 use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
@@ -38,6 +38,10 @@ pub struct QueueStats {
 #[derive(Debug)]
 struct Sub {
     queue: QueueId,
+    /// `activemq.exclusive`: sole consumer of its queue while subscribed.
+    exclusive: bool,
+    /// `activemq.priority`: higher is served first.
+    priority: u8,
     ack: AckMode,
     prefetch: u32,
     /// Dispatched and not yet acknowledged (for auto-ack: not yet written to the socket).
@@ -170,9 +174,18 @@ impl Engine {
                 ack,
                 prefetch,
                 durable_name,
+                options,
                 receipt,
             } => {
-                self.subscribe(conn, sub_id, destination, ack, prefetch, durable_name)?;
+                self.subscribe(
+                    conn,
+                    sub_id,
+                    destination,
+                    ack,
+                    prefetch,
+                    durable_name,
+                    options,
+                )?;
                 receipt
             }
             Command::Unsubscribe {
@@ -380,6 +393,7 @@ impl Engine {
         ack: AckMode,
         prefetch: u32,
         durable_name: Option<String>,
+        options: SubscribeOptions,
     ) -> Result<(), EngineError> {
         let c = &self.conns[&conn];
         if c.subs.contains_key(&sub_id) {
@@ -476,6 +490,8 @@ impl Engine {
             durable,
             private_queue,
             topic,
+            exclusive: options.exclusive,
+            priority: options.priority,
         };
         self.conns
             .get_mut(&conn)
@@ -980,13 +996,10 @@ impl Engine {
             if queue.is_ready_empty() || queue.consumers.is_empty() {
                 return;
             }
+            let Some(i) = self.choose_consumer(queue) else {
+                return;
+            };
             let n = queue.consumers.len();
-            let chosen = (0..n).map(|i| (queue.next_consumer + i) % n).find(|&i| {
-                let (conn, sub_id) = &queue.consumers[i];
-                let sub = &self.conns[conn].subs[sub_id];
-                sub.inflight < sub.prefetch
-            });
-            let Some(i) = chosen else { return };
             let queue = self.queues[q].as_mut().expect("live queue");
             queue.next_consumer = (i + 1) % n;
             let (conn, sub_id) = queue.consumers[i].clone();
@@ -998,6 +1011,29 @@ impl Engine {
             }
             self.deliver(q, conn, &sub_id, entry);
         }
+    }
+
+    /// Which consumer gets the next message: the first exclusive consumer if there is one (it
+    /// alone, even when its prefetch is full); otherwise, among consumers with prefetch room,
+    /// the highest priority, round-robin within it.
+    fn choose_consumer(&self, queue: &Queue) -> Option<usize> {
+        let sub = |i: usize| {
+            let (conn, sub_id) = &queue.consumers[i];
+            &self.conns[conn].subs[sub_id]
+        };
+        let n = queue.consumers.len();
+        if let Some(i) = (0..n).find(|&i| sub(i).exclusive) {
+            let s = sub(i);
+            return (s.inflight < s.prefetch).then_some(i);
+        }
+        let mut best: Option<(u8, usize)> = None;
+        for i in (0..n).map(|k| (queue.next_consumer + k) % n) {
+            let s = sub(i);
+            if s.inflight < s.prefetch && best.is_none_or(|(p, _)| s.priority > p) {
+                best = Some((s.priority, i));
+            }
+        }
+        best.map(|(_, i)| i)
     }
 
     fn deliver(&mut self, q: QueueId, conn: ConnId, sub_id: &str, mut entry: Entry) {

@@ -23,9 +23,10 @@ mod live;
 mod message;
 mod queue;
 pub mod record;
+pub mod selector;
 mod types;
 
-pub use command::{AckRef, Command, NewMessage};
+pub use command::{AckRef, Command, NewMessage, SubscribeOptions};
 pub use config::{DlqPolicy, EngineConfig};
 pub use effect::{Delivery, Effect, Output};
 pub use engine::{Ctx, Engine, QueueStats};

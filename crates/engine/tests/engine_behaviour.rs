@@ -298,6 +298,7 @@ fn durable_subscription_keeps_messages_offline_and_across_restart() {
         ack: AckMode::ClientIndividual,
         prefetch: 10,
         durable_name: Some("feed".into()),
+        options: Default::default(),
         receipt: None,
     };
     h.ok(sub(1));
@@ -331,6 +332,7 @@ fn durable_subscription_rules() {
         ack: AckMode::Auto,
         prefetch: 10,
         durable_name: Some("n".into()),
+        options: Default::default(),
         receipt: None,
     };
     assert_eq!(
@@ -424,6 +426,7 @@ fn temp_queue_request_reply_and_cleanup() {
         ack: AckMode::Auto,
         prefetch: 1,
         durable_name: None,
+        options: Default::default(),
         receipt: None,
     };
     assert_eq!(h.cmd(other).unwrap_err(), EngineError::NotOwner);
@@ -461,6 +464,7 @@ fn compaction_relogs_live_state_so_old_records_can_go() {
         ack: AckMode::ClientIndividual,
         prefetch: 1,
         durable_name: Some("n".into()),
+        options: Default::default(),
         receipt: None,
     });
     h.send(1, "/topic/t", "keep", true);

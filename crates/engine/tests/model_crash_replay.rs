@@ -598,6 +598,7 @@ impl Model {
             ack,
             prefetch,
             durable_name: durable.map(|d| DURABLE_NAMES[d].into()),
+            options: Default::default(),
             receipt: None,
         });
         if let Some(e) = expected_err {
@@ -1327,6 +1328,7 @@ fn durable_sub(conn: ConnId, topic: &str, name: &str) -> Command {
         ack: AckMode::ClientIndividual,
         prefetch: 1,
         durable_name: Some(name.into()),
+        options: Default::default(),
         receipt: None,
     }
 }

@@ -86,6 +86,7 @@ impl Harness {
             ack,
             prefetch,
             durable_name: None,
+            options: Default::default(),
             receipt: None,
         })
     }

@@ -54,6 +54,7 @@ fn durable_wildcard_subscription_keeps_messages_across_restart() {
         ack: AckMode::ClientIndividual,
         prefetch: 10,
         durable_name: Some("all-events".into()),
+        options: Default::default(),
         receipt: None,
     };
     h.ok(sub(1));
@@ -92,6 +93,7 @@ fn sending_to_a_wildcard_or_consuming_a_wildcard_queue_is_refused() {
         ack: AckMode::Auto,
         prefetch: 1,
         durable_name: None,
+        options: Default::default(),
         receipt: None,
     };
     assert!(matches!(h.cmd(sub), Err(EngineError::WildcardQueue(_))));

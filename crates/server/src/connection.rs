@@ -11,7 +11,9 @@ use crate::auth::Users;
 use crate::config::Config;
 use crate::core::{CoreMsg, Outbound};
 use futures::{SinkExt, StreamExt};
-use haven_engine::{AckMode, AckRef, Command, ConnId, Delivery, Destination, NewMessage};
+use haven_engine::{
+    AckMode, AckRef, Command, ConnId, Delivery, Destination, NewMessage, SubscribeOptions,
+};
 use haven_stomp::{Command as Cmd, Frame, Item, Limits, StompCodec, Version};
 use std::sync::Arc;
 use std::time::Duration;
@@ -535,6 +537,31 @@ fn translate(
                     })?
                     .clamp(1, d.prefetch_max),
             };
+            let exclusive = match frame.header("activemq.exclusive") {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(v) => {
+                    return Err(
+                        format!("activemq.exclusive must be 'true' or 'false', not '{v}'").into(),
+                    )
+                }
+            };
+            let priority = match frame.header("activemq.priority") {
+                None => 0,
+                Some(v) => match v.trim().parse::<u8>() {
+                    Ok(p) if p <= 127 => p,
+                    _ => {
+                        return Err(format!(
+                            "activemq.priority must be an integer 0-127, not '{v}'"
+                        )
+                        .into())
+                    }
+                },
+            };
+            let options = SubscribeOptions {
+                exclusive,
+                priority,
+            };
             let durable_name = opt(frame, "activemq.subscriptionName")
                 .or_else(|| opt(frame, "durable-subscription-name"));
             Command::Subscribe {
@@ -544,6 +571,7 @@ fn translate(
                 ack,
                 prefetch,
                 durable_name,
+                options,
                 receipt,
             }
         }
