@@ -120,12 +120,14 @@ pub enum Command {
         transaction: String,
         receipt: Option<String>,
     },
-    /// The connection wrote `count` MESSAGE frames of an auto-ack subscription to its socket:
-    /// that much prefetch credit comes back.
+    /// The connection wrote every MESSAGE frame of this auto-ack subscription up to and
+    /// including delivery tag `up_to_tag` to its socket: those are acknowledged, and their
+    /// prefetch credit returns. A tag, not a count, so credit that arrives after the
+    /// subscription id was reused can never acknowledge a newer delivery not yet written.
     Credit {
         conn: ConnId,
         sub_id: String,
-        count: u32,
+        up_to_tag: u64,
     },
     /// A frame that changes nothing but asked for a receipt (kept in order with the rest).
     Receipt { conn: ConnId, receipt: String },

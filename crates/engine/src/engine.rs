@@ -276,15 +276,14 @@ impl Engine {
             Command::Credit {
                 conn,
                 sub_id,
-                count,
+                up_to_tag,
             } => {
-                // The connection wrote `count` more MESSAGE frames of this auto-ack
-                // subscription to its socket: they are acknowledged now, oldest first. Credit
-                // may arrive after its subscription was replaced by another with the same id;
-                // only auto-ack subscriptions take it.
+                // Only auto-ack subscriptions take credit; the tag bound keeps credit for an
+                // earlier subscription with the same id from touching this one's unwritten
+                // deliveries (tags only grow per connection).
                 let c = &self.conns[&conn];
                 let tags: Vec<u64> = match c.subs.get(&sub_id).filter(|s| s.ack == AckMode::Auto) {
-                    Some(sub) => sub.tags.keys().take(count as usize).copied().collect(),
+                    Some(sub) => sub.tags.range(..=up_to_tag).map(|(t, _)| *t).collect(),
                     None => Vec::new(),
                 };
                 for tag in tags {

@@ -445,12 +445,20 @@ fn auto_ack_needs_written_credit_before_more_flow() {
     for n in 0..5 {
         h.send(1, "/queue/q", &format!("m{n}"), true);
     }
+    // The first two deliveries (tags 1 and 2) were written.
     let e = h.ok(Command::Credit {
         conn: 1,
         sub_id: "s".into(),
-        count: 2,
+        up_to_tag: 2,
     });
     assert_eq!(bodies(&e), vec!["m2", "m3"]);
+    // Credit naming tags already credited changes nothing.
+    let e = h.ok(Command::Credit {
+        conn: 1,
+        sub_id: "s".into(),
+        up_to_tag: 2,
+    });
+    assert!(deliveries(&e).is_empty());
 }
 
 #[test]

@@ -473,6 +473,7 @@ impl Model {
                     .map(|(t, _)| *t)
                     .take(count as usize)
                     .collect();
+                let up_to_tag = written.last().copied().unwrap_or(0);
                 for tag in written {
                     let o = settle(c, tag);
                     self.consumed.insert((o.ident, o.body));
@@ -482,7 +483,7 @@ impl Model {
                     .cmd_outputs(Command::Credit {
                         conn,
                         sub_id: SUB_IDS[sub].into(),
-                        count,
+                        up_to_tag,
                     })
                     .expect("credit is always accepted");
                 self.absorb(&out, conn, None);

@@ -262,8 +262,8 @@ async fn run(
     let mut encoder = StompCodec::new(s.limits);
     encoder.set_version(s.version);
     let mut dest_buf = String::with_capacity(128);
-    // Auto-ack deliveries written since the last flush, per subscription: credit to return.
-    let mut credit: Vec<(String, u32)> = Vec::new();
+    // Auto-ack deliveries written since the last flush: per subscription, the highest tag.
+    let mut credit: Vec<(String, u64)> = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -286,8 +286,8 @@ async fn run(
                             if d.auto_ack {
                                 // Credit (and with it the acknowledgement) only once written.
                                 match credit.iter_mut().find(|(id, _)| *id == d.sub_id) {
-                                    Some((_, c)) => *c += 1,
-                                    None => credit.push((d.sub_id.clone(), 1)),
+                                    Some((_, t)) => *t = (*t).max(d.ack_tag),
+                                    None => credit.push((d.sub_id.clone(), d.ack_tag)),
                                 }
                             }
                             if writer.write_buffer().len() >= WRITE_BUFFER_FLUSH_BYTES
@@ -322,8 +322,11 @@ async fn run(
                     done = true;
                 }
                 last_write = Instant::now();
-                for (sub_id, count) in credit.drain(..) {
-                    if core.send(CoreMsg::Command(Command::Credit { conn, sub_id, count })).await.is_err() { done = true; }
+                for (sub_id, up_to_tag) in credit.drain(..) {
+                    let credit = Command::Credit { conn, sub_id, up_to_tag };
+                    if core.send(CoreMsg::Command(credit)).await.is_err() {
+                        done = true;
+                    }
                 }
                 if done { break; }
             }

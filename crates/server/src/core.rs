@@ -320,6 +320,12 @@ impl Core {
     /// Frees disk: deletes segments nothing live needs, and re-logs the few live records of
     /// a sparse oldest segment so it can be deleted next time.
     fn maintain(&mut self) {
+        // Hand every appended record to the writer before any deletion: the engine's live
+        // watermark already counts records not yet durable (a DLQ move, a durable
+        // unsubscribe), which may supersede records in the segments about to go. The writer
+        // writes and syncs a batch before the deletions queued with or after it, so such a
+        // record is on disk before what it supersedes is deleted.
+        self.journal.flush();
         let segments = self.journal.segments();
         let next = self.journal.next_lsn();
         let min_live = self.engine.min_live_lsn().unwrap_or(next);
@@ -364,5 +370,143 @@ impl Core {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use haven_engine::{AckMode, AckRef, Destination, EngineConfig, NewMessage, QueueKey};
+    use haven_journal::JournalConfig;
+
+    fn open(dir: &std::path::Path) -> (Engine, Journal) {
+        let mut cfg = EngineConfig::default();
+        cfg.redeliveries_max = 0;
+        let mut engine = Engine::new(cfg);
+        let mut jc = JournalConfig::new(dir);
+        jc.segment_bytes = 4096;
+        let journal =
+            Journal::open(jc, |lsn, p| engine.replay(lsn, Record::decode(p).unwrap())).unwrap();
+        engine.finish_recovery().unwrap();
+        (engine, journal)
+    }
+
+    fn sync(core: &mut Core) {
+        core.journal.flush();
+        let want = core.journal.next_lsn() - 1;
+        loop {
+            let d = core.journal.durable_lsn().unwrap();
+            if d >= want {
+                core.release(d);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn send(core: &mut Core, q: &str, body: usize) {
+        core.on_msg(CoreMsg::Command(Command::Send {
+            conn: 1,
+            destination: Destination::Queue(q.into()),
+            message: NewMessage {
+                headers: vec![],
+                body: vec![b'x'; body].into(),
+                persistent: true,
+                priority: 4,
+                expires_ms: 0,
+            },
+            transaction: None,
+            receipt: Some("r".into()),
+        }));
+        sync(core);
+    }
+
+    /// Filler: persistent messages to /queue/F, consumed at once by an auto-ack subscriber.
+    fn filler(core: &mut Core, n: usize) {
+        for _ in 0..n {
+            send(core, "F", 900);
+            core.on_msg(CoreMsg::Command(Command::Credit {
+                conn: 1,
+                sub_id: "f".into(),
+                up_to_tag: u64::MAX,
+            }));
+            sync(core);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_lazy_dlq_move_reaches_disk_before_the_segment_it_supersedes_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        {
+            let (engine, journal) = open(dir.path());
+            let mut core = Core::new(engine, journal, 1000);
+            let (rtx, _rrx) = oneshot::channel();
+            core.on_msg(CoreMsg::Connect {
+                conn: 1,
+                client_id: None,
+                outbound: tx,
+                reply: rtx,
+            });
+            core.on_msg(CoreMsg::Command(Command::Subscribe {
+                conn: 1,
+                sub_id: "f".into(),
+                destination: Destination::Queue("F".into()),
+                ack: AckMode::Auto,
+                prefetch: 1000,
+                durable_name: None,
+                options: Default::default(),
+                receipt: None,
+            }));
+            filler(&mut core, 8); // a few dead segments
+            send(&mut core, "A", 10); // M: the message that must survive
+            filler(&mut core, 8); // M's segment gets sealed
+                                  // Tick N: some sealed segment is dead -> checkpoint appended; flushed by the tick.
+            core.maintain();
+            assert!(core.checkpoint.is_some());
+            sync(&mut core);
+            while rx.try_recv().is_ok() {}
+            // Consumer NACKs M (no receipt): it moves to the DLQ (no consumer there): lazy Store.
+            core.on_msg(CoreMsg::Command(Command::Subscribe {
+                conn: 1,
+                sub_id: "a".into(),
+                destination: Destination::Queue("A".into()),
+                ack: AckMode::ClientIndividual,
+                prefetch: 10,
+                durable_name: None,
+                options: Default::default(),
+                receipt: None,
+            }));
+            sync(&mut core);
+            let tag = loop {
+                match rx.try_recv() {
+                    Ok(Outbound::Deliver(d)) if d.sub_id == "a" => break d.ack_tag,
+                    Ok(_) => continue,
+                    Err(_) => panic!("no delivery"),
+                }
+            };
+            core.on_msg(CoreMsg::Command(Command::Nack {
+                conn: 1,
+                ack: AckRef::Tag(tag),
+                transaction: None,
+                receipt: None,
+            }));
+            core.kick_journal();
+            assert!(core.gated.is_empty(), "nothing waits for the DLQ store");
+            // Tick N+1: checkpoint durable -> segments below it are released. Before the fix the
+            // writer could take the deletions before the lazy DLQ store; then the process dies.
+            core.maintain();
+            std::thread::sleep(Duration::from_millis(300));
+            let before = core.engine.durable_contents();
+            println!("before crash: {before:?}");
+            // crash: Journal's Drop discards what was appended but not flushed
+        }
+        let (engine, _journal) = open(dir.path());
+        let after = engine.durable_contents();
+        println!("after restart: {after:?}");
+        let dlq = QueueKey::Queue("ActiveMQ.DLQ".into());
+        let a = QueueKey::Queue("A".into());
+        let held = after.get(&dlq).map_or(0, |s| s.len()) + after.get(&a).map_or(0, |s| s.len());
+        assert_eq!(held, 1, "the receipted message M is gone after the crash");
     }
 }
