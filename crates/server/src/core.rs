@@ -380,8 +380,10 @@ mod tests {
     use haven_journal::JournalConfig;
 
     fn open(dir: &std::path::Path) -> (Engine, Journal) {
-        let mut cfg = EngineConfig::default();
-        cfg.redeliveries_max = 0;
+        let cfg = EngineConfig {
+            redeliveries_max: 0,
+            ..Default::default()
+        };
         let mut engine = Engine::new(cfg);
         let mut jc = JournalConfig::new(dir);
         jc.segment_bytes = 4096;
