@@ -41,6 +41,9 @@ pub struct StompConfig {
     pub heartbeat_receive_ms: u64,
     /// A connection that has not sent CONNECT within this time is closed.
     pub connect_timeout_ms: u64,
+    /// A write to a client's socket that makes no progress for this long closes the
+    /// connection, so a client that stops reading does not hold its messages for ever.
+    pub write_timeout_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -109,6 +112,7 @@ impl Default for StompConfig {
             heartbeat_send_ms: 10_000,
             heartbeat_receive_ms: 10_000,
             connect_timeout_ms: 10_000,
+            write_timeout_ms: 60_000,
         }
     }
 }
@@ -202,6 +206,12 @@ impl Config {
             return invalid(
                 "stomp.frame_bytes_max",
                 format!("{} is below the minimum of 1024", s.frame_bytes_max),
+            );
+        }
+        if s.write_timeout_ms < 100 {
+            return invalid(
+                "stomp.write_timeout_ms",
+                format!("{} is below the minimum of 100", s.write_timeout_ms),
             );
         }
         if s.header_count_max == 0 {

@@ -92,11 +92,21 @@ async fn write_error_and_close(
         .with_header("message", message)
         .with_header("content-type", "text/plain")
         .with_body(format!("{message}\n"));
-    let _ = writer.send(&frame).await;
-    let _ = writer.get_mut().shutdown().await;
+    // Best effort, bounded: the peer may not be reading.
+    let limit = Duration::from_secs(5);
+    let _ = within(limit, writer.send(&frame)).await;
+    let _ = within(limit, writer.get_mut().shutdown()).await;
 }
 
 use tokio::io::AsyncWriteExt;
+
+/// Runs one socket write; false if it failed or did not finish within `limit`.
+async fn within<T, E>(
+    limit: Duration,
+    write: impl std::future::Future<Output = Result<T, E>>,
+) -> bool {
+    matches!(tokio::time::timeout(limit, write).await, Ok(Ok(_)))
+}
 
 /// Parses `heart-beat: cx,cy`.
 fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
@@ -214,7 +224,12 @@ async fn handshake(
     if version > Version::V1_0 {
         connected.push_header("heart-beat", format!("{sx},{sy}"));
     }
-    if writer.send(&connected).await.is_err() {
+    if !within(
+        Duration::from_millis(cfg.connect_timeout_ms),
+        writer.send(&connected),
+    )
+    .await
+    {
         let _ = shared
             .core
             .send(CoreMsg::Command(Command::Close {
@@ -243,6 +258,9 @@ async fn run(
     mut writer: FramedWrite<OwnedWriteHalf, StompCodec>,
 ) {
     let core = &shared.core;
+    // A peer that stops reading its socket (paused, wedged) would otherwise hold the messages
+    // in flight to it for ever: a write that makes no progress for this long closes it.
+    let wt = Duration::from_millis(shared.config.stomp.write_timeout_ms);
     let mut reading = true;
     let far = Duration::from_secs(86_400 * 365);
     let send_every = if s.send_ms > 0 {
@@ -279,7 +297,7 @@ async fn run(
                                 // Not written, so not credited: closing redelivers it.
                                 tracing::warn!(conn, error = %e, "cannot encode a MESSAGE for this connection; closing it");
                                 let message = format!("cannot deliver message {}: {e}", d.message.id);
-                                let _ = writer.feed(&Frame::new(Cmd::Error).with_header("message", message)).await;
+                                let _ = within(wt, writer.feed(&Frame::new(Cmd::Error).with_header("message", message))).await;
                                 done = true;
                                 break;
                             }
@@ -291,7 +309,7 @@ async fn run(
                                 }
                             }
                             if writer.write_buffer().len() >= WRITE_BUFFER_FLUSH_BYTES
-                                && SinkExt::<Item>::flush(&mut writer).await.is_err()
+                                && !within(wt, SinkExt::<Item>::flush(&mut writer)).await
                             {
                                 credit.clear();
                                 done = true;
@@ -300,13 +318,13 @@ async fn run(
                         }
                         Outbound::Receipt(id) => {
                             let frame = Frame::new(Cmd::Receipt).with_header("receipt-id", id);
-                            if writer.feed(&frame).await.is_err() { done = true; break; }
+                            if !within(wt, writer.feed(&frame)).await { done = true; break; }
                         }
                         Outbound::Error { message, receipt } => {
                             let mut frame = Frame::new(Cmd::Error).with_header("message", message.clone());
                             if let Some(r) = receipt { frame.push_header("receipt-id", r); }
                             let frame = frame.with_header("content-type", "text/plain").with_body(format!("{message}\n"));
-                            let _ = writer.feed(&frame).await;
+                            let _ = within(wt, writer.feed(&frame)).await;
                             reading = false;
                         }
                         Outbound::Close => { done = true; break; }
@@ -316,7 +334,7 @@ async fn run(
                         next = s.outbound.try_recv().ok();
                     }
                 }
-                if SinkExt::<Item>::flush(&mut writer).await.is_err() {
+                if !within(wt, SinkExt::<Item>::flush(&mut writer)).await {
                     // Not known to be written: no acknowledgement; closing redelivers them.
                     credit.clear();
                     done = true;
@@ -368,7 +386,7 @@ async fn run(
                 }
             }
             _ = sleep_until(last_write + send_every) => {
-                if writer.send(Item::Heartbeat).await.is_err() { break; }
+                if !within(wt, writer.send(Item::Heartbeat)).await { break; }
                 last_write = Instant::now();
             }
             _ = sleep_until(read_deadline), if reading => {
@@ -378,7 +396,7 @@ async fn run(
             }
         }
     }
-    let _ = writer.get_mut().shutdown().await;
+    let _ = within(wt, writer.get_mut().shutdown()).await;
     // Idempotent: the engine ignores a Close for a connection it already closed.
     let _ = core
         .send(CoreMsg::Command(Command::Close {
