@@ -18,6 +18,10 @@ use crate::types::{
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+/// Slack kept below `record_bytes_max` for what the estimate does not count (a DLQ key added
+/// by a later move, encoding overhead).
+const RECORD_OVERHEAD_BYTES: usize = 4096;
+
 /// Inputs the engine may not take from the world itself.
 #[derive(Clone, Copy, Debug)]
 pub struct Ctx {
@@ -211,7 +215,10 @@ impl Engine {
                 }
                 match transaction {
                     Some(tx) => self.tx_push_send(conn, &tx, destination, message)?,
-                    None => self.send(conn, destination, message),
+                    None => {
+                        self.check_record_size(&[(&destination, &message)], 0)?;
+                        self.send(conn, destination, message)
+                    }
                 }
                 receipt
             }
@@ -572,6 +579,48 @@ impl Engine {
         }
     }
 
+    /// Refuses what would make a log record larger than the log takes: a message's size plus
+    /// one queue key per durable holder (a topic with many durable subscriptions multiplies it).
+    fn check_record_size(
+        &self,
+        sends: &[(&Destination, &NewMessage)],
+        extra_bytes: usize,
+    ) -> Result<(), EngineError> {
+        let mut bytes = extra_bytes + RECORD_OVERHEAD_BYTES;
+        for (destination, m) in sends {
+            if !m.persistent || !self.will_be_logged(destination) {
+                continue;
+            }
+            bytes += m.body.len()
+                + m.headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 8)
+                    .sum::<usize>()
+                + 128;
+            let holders: usize = match destination {
+                Destination::Queue(name) => name.len() + 8,
+                _ => self
+                    .topic_targets(destination)
+                    .iter()
+                    .map(|&q| match &self.queue(q).key {
+                        QueueKey::Queue(n) => n.len() + 8,
+                        QueueKey::Durable { client_id, name } => client_id.len() + name.len() + 12,
+                        QueueKey::TopicSub { .. } | QueueKey::Temp { .. } => 0,
+                    })
+                    .sum(),
+            };
+            bytes += holders;
+        }
+        let max = self
+            .cfg
+            .record_bytes_max
+            .saturating_sub(RECORD_OVERHEAD_BYTES);
+        if bytes > max {
+            return Err(EngineError::RecordTooLarge { bytes, max });
+        }
+        Ok(())
+    }
+
     fn send(&mut self, sender: ConnId, destination: Destination, message: NewMessage) {
         let msg = self.number(&destination, message);
         let lsn = self.lsn;
@@ -744,7 +793,13 @@ impl Engine {
                     .subs
                     .iter()
                     .filter(|(id, _)| subscription.as_ref().is_none_or(|s| s == *id))
-                    .find_map(|(id, sub)| sub.seq_tags.get(&seq).map(|t| (id.clone(), *t)));
+                    .find_map(|(id, sub)| {
+                        // The whole id must match, not just its number: non-persistent numbers
+                        // are reused after a restart, their ids never are.
+                        let tag = *sub.seq_tags.get(&seq)?;
+                        let held = &self.queue(sub.queue).inflight.get(&seq)?.entry.msg.id;
+                        (held == message_id).then(|| (id.clone(), tag))
+                    });
                 found.ok_or_else(unknown)?
             }
         };
@@ -815,6 +870,13 @@ impl Engine {
     }
 
     fn commit(&mut self, conn: ConnId, tx_name: &str) -> Result<(), EngineError> {
+        if let Some(tx) = self.conns[&conn].txs.get(tx_name) {
+            // The commit is one record: refuse it (the transaction stays open, the client may
+            // ABORT) rather than emit a record the log cannot take.
+            let sends: Vec<(&Destination, &NewMessage)> =
+                tx.sends.iter().map(|(d, m)| (d, m)).collect();
+            self.check_record_size(&sends, tx.acks.len() * 64)?;
+        }
         let tx = self
             .conns
             .get_mut(&conn)

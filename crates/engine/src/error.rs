@@ -31,6 +31,8 @@ pub enum EngineError {
     TransactionTooLarge(String, usize),
     #[error("transaction '{0}' holds more than {1} bytes of messages")]
     TransactionBytesTooLarge(String, usize),
+    #[error("the message (with one entry per durable subscriber) or transaction needs a {bytes}-byte log record; the limit is {max}")]
+    RecordTooLarge { bytes: usize, max: usize },
     #[error("too many subscriptions on this connection (limit {0})")]
     TooManySubscriptions(usize),
     #[error("too many open transactions on this connection (limit {0})")]

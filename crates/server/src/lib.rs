@@ -57,6 +57,7 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
         transactions_per_connection_max: c.limits.transactions_per_connection_max,
         subscriptions_per_connection_max: c.limits.subscriptions_per_connection_max,
         topic_subscriber_pending_max: d.topic_subscriber_pending_max,
+        record_bytes_max,
         boot_id,
     }
 }
