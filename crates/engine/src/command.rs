@@ -24,6 +24,8 @@ pub struct SubscribeOptions {
     /// `activemq.priority` (0–127): consumers of higher priority with prefetch room are served
     /// first; equal priorities share round-robin.
     pub priority: u8,
+    /// `selector`: only messages it selects are delivered to this subscription.
+    pub selector: Option<crate::selector::Selector>,
 }
 
 /// Which delivery an ACK or NACK names.

@@ -12,6 +12,7 @@ use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
 use crate::queue::{Entry, InFlight, Queue, QueueId};
 use crate::record::Record;
+use crate::selector::{message_lookup, Selector};
 use crate::types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination, QueueKey,
 };
@@ -21,6 +22,10 @@ use std::sync::Arc;
 /// Slack kept below `record_bytes_max` for what the estimate does not count (a DLQ key added
 /// by a later move, encoding overhead).
 const RECORD_OVERHEAD_BYTES: usize = 4096;
+
+/// Waiting messages one dispatch looks at when consumers have selectors: bounds the work a
+/// backlog nobody selects can cost each call.
+const SELECTOR_SCAN_MAX: usize = 10_000;
 
 /// Inputs the engine may not take from the world itself.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +51,8 @@ struct Sub {
     exclusive: bool,
     /// `activemq.priority`: higher is served first.
     priority: u8,
+    /// Queue consumers only (a topic subscription's selector sits on its queue).
+    selector: Option<Selector>,
     ack: AckMode,
     prefetch: u32,
     /// Dispatched and not yet acknowledged (for auto-ack: not yet written to the socket).
@@ -441,12 +448,14 @@ impl Engine {
                         return Err(EngineError::DurableInUse(dname));
                     }
                 }
-                let unchanged = self
-                    .queue_ids
-                    .get(&key)
-                    .is_some_and(|&q| self.queue(q).topic.as_deref() == Some(name.as_str()));
+                let selector_text = options.selector.as_ref().map(|s| s.text().to_string());
+                let unchanged = self.queue_ids.get(&key).is_some_and(|&q| {
+                    let queue = self.queue(q);
+                    queue.topic.as_deref() == Some(name.as_str())
+                        && queue.selector.as_ref().map(|s| s.text()) == selector_text.as_deref()
+                });
                 if !unchanged && self.queue_ids.contains_key(&key) {
-                    // Another topic: JMS starts the subscription afresh. The drop of what it
+                    // Another topic or selector: JMS starts the subscription afresh. The drop of what it
                     // held is logged explicitly, so replay never depends on the dead record
                     // that named the old topic (segment deletion may have removed it).
                     self.log(Record::DurableUnsubscribe {
@@ -460,8 +469,10 @@ impl Engine {
                         client_id: client_id.clone(),
                         name: dname.clone(),
                         topic: name.clone(),
+                        selector: selector_text,
                     });
-                    self.apply_durable_subscribe(&client_id, &dname, name, lsn);
+                    let selector = options.selector.clone();
+                    self.apply_durable_subscribe(&client_id, &dname, name, selector, lsn);
                 }
                 durable = Some((client_id, dname));
                 self.queue_ids[&key]
@@ -477,6 +488,7 @@ impl Engine {
                     conn,
                     sub_id: sub_id.clone(),
                 });
+                self.queue_mut(q).selector = options.selector.clone();
                 self.attach_topic(destination.clone(), q);
                 private_queue = true;
                 topic = Some(destination.clone());
@@ -486,6 +498,11 @@ impl Engine {
             (Destination::TempQueue { owner, name }, _) => self.temp_queue(*owner, name),
         };
         self.queue_mut(queue).consumers.push((conn, sub_id.clone()));
+        let queue_selector = if durable.is_none() && !private_queue {
+            options.selector
+        } else {
+            None
+        };
         let sub = Sub {
             queue,
             ack,
@@ -498,6 +515,7 @@ impl Engine {
             topic,
             exclusive: options.exclusive,
             priority: options.priority,
+            selector: queue_selector,
         };
         self.conns
             .get_mut(&conn)
@@ -708,6 +726,13 @@ impl Engine {
         let mut holders = Vec::new();
         let pending_max = self.cfg.topic_subscriber_pending_max;
         for q in targets {
+            if let Some(selector) = &self.queue(q).selector {
+                // A topic subscription keeps only what its selector selects.
+                let lookup = message_lookup(&msg);
+                if !selector.matches(&lookup) {
+                    continue;
+                }
+            }
             let queue = self.queue_mut(q);
             let key = queue.key.clone();
             queue.push(Entry {
@@ -1052,12 +1077,20 @@ impl Engine {
 
     /// Hands ready messages to consumers with prefetch credit, round-robin.
     fn dispatch(&mut self, q: QueueId) {
+        let queue = self.queues[q].as_ref().expect("live queue");
+        let selective = queue
+            .consumers
+            .iter()
+            .any(|(c, s)| self.conns[c].subs[s].selector.is_some());
+        if selective {
+            return self.dispatch_selective(q);
+        }
         loop {
             let queue = self.queues[q].as_ref().expect("live queue");
             if queue.is_ready_empty() || queue.consumers.is_empty() {
                 return;
             }
-            let Some(i) = self.choose_consumer(queue) else {
+            let Some(i) = self.choose_consumer(queue, None) else {
                 return;
             };
             let n = queue.consumers.len();
@@ -1074,23 +1107,57 @@ impl Engine {
         }
     }
 
+    /// Dispatch when some consumer has a selector: each waiting message, in order, goes to a
+    /// consumer whose selector takes it; messages nobody selects wait (they do not block
+    /// later ones). At most `SELECTOR_SCAN_MAX` waiting messages are looked at per call.
+    fn dispatch_selective(&mut self, q: QueueId) {
+        let head = self.queue(q).ready_head(SELECTOR_SCAN_MAX);
+        for msg in head {
+            if msg.is_expired(self.now_ms) {
+                let entry = self.queue_mut(q).remove_ready(&msg).expect("waiting");
+                self.removed(q, &entry.msg);
+                continue;
+            }
+            let queue = self.queue(q);
+            if self.choose_consumer(queue, None).is_none() {
+                return; // nobody has prefetch room
+            }
+            let Some(i) = self.choose_consumer(queue, Some(&msg)) else {
+                continue;
+            };
+            let queue = self.queue_mut(q);
+            queue.next_consumer = (i + 1) % queue.consumers.len();
+            let (conn, sub_id) = queue.consumers[i].clone();
+            let entry = queue.remove_ready(&msg).expect("waiting");
+            self.deliver(q, conn, &sub_id, entry);
+        }
+    }
+
     /// Which consumer gets the next message: the first exclusive consumer if there is one (it
     /// alone, even when its prefetch is full); otherwise, among consumers with prefetch room,
     /// the highest priority, round-robin within it.
-    fn choose_consumer(&self, queue: &Queue) -> Option<usize> {
+    /// With `msg`, only consumers whose selector (if any) selects it count.
+    fn choose_consumer(&self, queue: &Queue, msg: Option<&Message>) -> Option<usize> {
         let sub = |i: usize| {
             let (conn, sub_id) = &queue.consumers[i];
             &self.conns[conn].subs[sub_id]
         };
+        let takes = |s: &Sub| match (msg, &s.selector) {
+            (Some(m), Some(selector)) => {
+                let lookup = message_lookup(m);
+                selector.matches(&lookup)
+            }
+            _ => true,
+        };
         let n = queue.consumers.len();
         if let Some(i) = (0..n).find(|&i| sub(i).exclusive) {
             let s = sub(i);
-            return (s.inflight < s.prefetch).then_some(i);
+            return (s.inflight < s.prefetch && takes(s)).then_some(i);
         }
         let mut best: Option<(u8, usize)> = None;
         for i in (0..n).map(|k| (queue.next_consumer + k) % n) {
             let s = sub(i);
-            if s.inflight < s.prefetch && best.is_none_or(|(p, _)| s.priority > p) {
+            if s.inflight < s.prefetch && best.is_none_or(|(p, _)| s.priority > p) && takes(s) {
                 best = Some((s.priority, i));
             }
         }
@@ -1215,7 +1282,14 @@ impl Engine {
         self.stored.insert(msg.seq, Stored { msg, lsn, holders });
     }
 
-    fn apply_durable_subscribe(&mut self, client_id: &str, name: &str, topic: &str, lsn: u64) {
+    fn apply_durable_subscribe(
+        &mut self,
+        client_id: &str,
+        name: &str,
+        topic: &str,
+        selector: Option<Selector>,
+        lsn: u64,
+    ) {
         let key = QueueKey::Durable {
             client_id: client_id.to_string(),
             name: name.to_string(),
@@ -1247,6 +1321,7 @@ impl Engine {
         let attach = queue.topic.as_deref() != Some(topic);
         queue.topic = Some(topic.to_string());
         queue.record_lsn = lsn;
+        queue.selector = selector;
         if attach {
             self.attach_topic(Destination::Topic(topic.to_string()), q);
         }
@@ -1367,7 +1442,17 @@ impl Engine {
                 client_id,
                 name,
                 topic,
-            } => self.apply_durable_subscribe(&client_id, &name, &topic, lsn),
+                selector,
+            } => {
+                let selector = match selector {
+                    None => None,
+                    Some(text) => Some(
+                        Selector::parse(&text)
+                            .map_err(|e| format!("durable subscription {client_id}/{name}: {e}"))?,
+                    ),
+                };
+                self.apply_durable_subscribe(&client_id, &name, &topic, selector, lsn)
+            }
             Record::DurableUnsubscribe { client_id, name } => {
                 self.apply_durable_unsubscribe(&client_id, &name)
             }
@@ -1486,12 +1571,14 @@ impl Engine {
                         .topic
                         .clone()
                         .expect("live durable subscription has a topic");
+                    let selector = self.queue(q).selector.clone();
                     let lsn = self.log(Record::DurableSubscribe {
                         client_id: client_id.clone(),
                         name: name.clone(),
                         topic: topic.clone(),
+                        selector: selector.as_ref().map(|s| s.text().to_string()),
                     });
-                    self.apply_durable_subscribe(&client_id, &name, &topic, lsn);
+                    self.apply_durable_subscribe(&client_id, &name, &topic, selector, lsn);
                 }
             }
         }

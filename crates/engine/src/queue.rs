@@ -3,6 +3,7 @@
 //! the log knows them.
 
 use crate::message::Message;
+use crate::selector::Selector;
 use crate::types::{ConnId, QueueKey};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +42,8 @@ pub(crate) struct Queue {
     /// message names the subscription before its own record is seen) and its record's LSN.
     pub topic: Option<String>,
     pub record_lsn: u64,
+    /// Topic subscriptions (durable or not): only messages this selects are copied in.
+    pub selector: Option<Selector>,
 }
 
 impl Queue {
@@ -53,6 +56,7 @@ impl Queue {
             next_consumer: 0,
             topic: None,
             record_lsn: 0,
+            selector: None,
         }
     }
 
@@ -81,6 +85,15 @@ impl Queue {
 
     pub fn is_ready_empty(&self) -> bool {
         self.ready.is_empty()
+    }
+
+    /// The first `max` waiting messages, in delivery order.
+    pub fn ready_head(&self, max: usize) -> Vec<Arc<Message>> {
+        self.ready
+            .values()
+            .take(max)
+            .map(|e| e.msg.clone())
+            .collect()
     }
 
     pub fn ready_entries_mut(&mut self) -> impl Iterator<Item = &mut Entry> {

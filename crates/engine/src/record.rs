@@ -32,6 +32,8 @@ pub enum Record {
         client_id: String,
         name: String,
         topic: String,
+        /// JMS selector text; only matching messages are kept for the subscription.
+        selector: Option<String>,
     },
     DurableUnsubscribe {
         client_id: String,
@@ -90,11 +92,19 @@ impl Record {
                 client_id,
                 name,
                 topic,
+                selector,
             } => {
                 out.push(TAG_DURABLE_SUBSCRIBE);
                 put_str(out, client_id);
                 put_str(out, name);
                 put_str(out, topic);
+                match selector {
+                    None => out.push(0),
+                    Some(text) => {
+                        out.push(1);
+                        put_str(out, text);
+                    }
+                }
             }
             Record::DurableUnsubscribe { client_id, name } => {
                 out.push(TAG_DURABLE_UNSUBSCRIBE);
@@ -150,6 +160,11 @@ impl Record {
                 client_id: r.string()?,
                 name: r.string()?,
                 topic: r.string()?,
+                selector: match r.u8()? {
+                    0 => None,
+                    1 => Some(r.string()?),
+                    _ => return Err(r.err("bad selector flag")),
+                },
             },
             TAG_DURABLE_UNSUBSCRIBE => Record::DurableUnsubscribe {
                 client_id: r.string()?,
@@ -350,7 +365,7 @@ mod tests {
                 Record::Store { message: m.clone(), holders: holders.clone() },
                 Record::Remove { queue: QueueKey::Queue(hv.clone()), seqs: seqs.clone() },
                 Record::Commit { stores: vec![(m.clone(), holders)], removes: seqs.iter().map(|s| (QueueKey::Queue("a".into()), *s)).collect() },
-                Record::DurableSubscribe { client_id: hk.clone(), name: hv.clone(), topic: "t".into() },
+                Record::DurableSubscribe { client_id: hk.clone(), name: hv.clone(), topic: "t".into(), selector: Some("a = 1".into()) },
                 Record::DurableUnsubscribe { client_id: hk, name: hv },
                 Record::Checkpoint { next_seq: seq },
             ];

@@ -11,6 +11,7 @@ use crate::auth::Users;
 use crate::config::Config;
 use crate::core::{CoreMsg, Outbound};
 use futures::{SinkExt, StreamExt};
+use haven_engine::selector::Selector;
 use haven_engine::{
     AckMode, AckRef, Command, ConnId, Delivery, Destination, NewMessage, SubscribeOptions,
 };
@@ -321,7 +322,10 @@ async fn run(
                             if !within(wt, writer.feed(&frame)).await { done = true; break; }
                         }
                         Outbound::Error { message, receipt } => {
-                            let mut frame = Frame::new(Cmd::Error).with_header("message", message.clone());
+                            // The header carries the first line; the body the whole text (an
+                            // invalid selector's error shows the text and a caret under it).
+                            let headline = message.lines().next().unwrap_or("").to_string();
+                            let mut frame = Frame::new(Cmd::Error).with_header("message", headline);
                             if let Some(r) = receipt { frame.push_header("receipt-id", r); }
                             let frame = frame.with_header("content-type", "text/plain").with_body(format!("{message}\n"));
                             let _ = within(wt, writer.feed(&frame)).await;
@@ -579,9 +583,14 @@ fn translate(
                     }
                 },
             };
+            let selector = match frame.header("selector").map(str::trim) {
+                None | Some("") => None,
+                Some(text) => Some(Selector::parse(text).map_err(|e| e.to_string())?),
+            };
             let options = SubscribeOptions {
                 exclusive,
                 priority,
+                selector,
             };
             let durable_name = opt(frame, "activemq.subscriptionName")
                 .or_else(|| opt(frame, "durable-subscription-name"));

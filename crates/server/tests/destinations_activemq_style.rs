@@ -83,3 +83,56 @@ async fn wildcard_topic_subscription_and_virtual_topic_groups() {
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn selector_filters_and_a_bad_selector_says_where_it_failed() {
+    let (server, _dir) = start().await;
+    let c = connect(&server).await;
+    let mut sub = c
+        .subscribe(
+            "/queue/sel",
+            AckMode::Auto,
+            &[("selector", "JMSPriority > 6 AND region LIKE 'eu-%'")],
+        )
+        .await
+        .unwrap();
+    c.send_receipted(
+        "/queue/sel",
+        &[("priority", "9"), ("region", "us-east")],
+        "no",
+    )
+    .await
+    .unwrap();
+    c.send_receipted(
+        "/queue/sel",
+        &[("priority", "2"), ("region", "eu-west")],
+        "no",
+    )
+    .await
+    .unwrap();
+    c.send_receipted(
+        "/queue/sel",
+        &[("priority", "9"), ("region", "eu-west")],
+        "yes",
+    )
+    .await
+    .unwrap();
+    assert_eq!(next_body(&mut sub).await, "yes");
+    assert!(tokio::time::timeout(Duration::from_millis(200), sub.next())
+        .await
+        .is_err());
+    // An invalid selector: ERROR naming the position, then the connection closes.
+    let bad = connect(&server).await;
+    let err = bad
+        .subscribe(
+            "/queue/sel",
+            AckMode::Auto,
+            &[("selector", "color = 'red' AND")],
+        )
+        .await
+        .unwrap_err();
+    let text = format!("{err:?}");
+    assert!(text.contains("invalid selector at position"), "{text}");
+    c.disconnect().await.unwrap();
+    server.shutdown().await.unwrap();
+}
