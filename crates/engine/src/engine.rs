@@ -586,6 +586,8 @@ impl Engine {
         assert!(sub.tags.is_empty() && sub.seq_tags.is_empty());
         let q = self.queue_mut(sub.queue);
         q.consumers.retain(|(cc, s)| !(*cc == conn && s == sub_id));
+        // Its groups move to whichever consumer gets their next message.
+        q.groups.retain(|_, (cc, s)| !(*cc == conn && s == sub_id));
         q.next_consumer = 0;
         if sub.private_queue {
             let topic = sub.topic.expect("private queues belong to topics");
@@ -1078,10 +1080,11 @@ impl Engine {
     /// Hands ready messages to consumers with prefetch credit, round-robin.
     fn dispatch(&mut self, q: QueueId) {
         let queue = self.queues[q].as_ref().expect("live queue");
-        let selective = queue
-            .consumers
-            .iter()
-            .any(|(c, s)| self.conns[c].subs[s].selector.is_some());
+        let selective = queue.grouped_waiting > 0
+            || queue
+                .consumers
+                .iter()
+                .any(|(c, s)| self.conns[c].subs[s].selector.is_some());
         if selective {
             return self.dispatch_selective(q);
         }
@@ -1128,6 +1131,17 @@ impl Engine {
             let queue = self.queue_mut(q);
             queue.next_consumer = (i + 1) % queue.consumers.len();
             let (conn, sub_id) = queue.consumers[i].clone();
+            if let Some(group) = msg.group() {
+                if msg.group_seq() == Some(-1) {
+                    // The last message of the group: it closes the group.
+                    queue.groups.remove(group);
+                } else {
+                    queue
+                        .groups
+                        .entry(group.to_string())
+                        .or_insert_with(|| (conn, sub_id.clone()));
+                }
+            }
             let entry = queue.remove_ready(&msg).expect("waiting");
             self.deliver(q, conn, &sub_id, entry);
         }
@@ -1150,6 +1164,16 @@ impl Engine {
             _ => true,
         };
         let n = queue.consumers.len();
+        if let Some(owner) = msg.and_then(|m| queue.groups.get(m.group()?)) {
+            // A group's messages go to its owner only, in order: if it has no room, they wait.
+            let i = queue
+                .consumers
+                .iter()
+                .position(|c| c == owner)
+                .expect("group owners are consumers");
+            let s = sub(i);
+            return (s.inflight < s.prefetch && takes(s)).then_some(i);
+        }
         if let Some(i) = (0..n).find(|&i| sub(i).exclusive) {
             let s = sub(i);
             return (s.inflight < s.prefetch && takes(s)).then_some(i);

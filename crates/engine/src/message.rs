@@ -30,6 +30,25 @@ impl Message {
         self.expires_ms != 0 && now_ms >= self.expires_ms
     }
 
+    /// `JMSXGroupID`: messages of one group go to one consumer at a time, in order.
+    pub fn group(&self) -> Option<&str> {
+        self.header("JMSXGroupID").filter(|g| !g.is_empty())
+    }
+
+    /// `JMSXGroupSeq`; `-1` closes the group (its next message may go to another consumer).
+    pub fn group_seq(&self) -> Option<i64> {
+        self.header("JMSXGroupSeq")
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The first occurrence of a producer header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     /// Approximate memory/disk footprint, for limits and statistics.
     pub fn size_bytes(&self) -> usize {
         self.body.len()

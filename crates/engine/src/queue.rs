@@ -44,6 +44,12 @@ pub(crate) struct Queue {
     pub record_lsn: u64,
     /// Topic subscriptions (durable or not): only messages this selects are copied in.
     pub selector: Option<Selector>,
+    /// Message groups (`JMSXGroupID`) → the consumer that owns each: all of a group's messages
+    /// go to its owner, in order, until the owner leaves or the group is closed. Unbounded in
+    /// count (no hash buckets that merge groups), bounded by the groups actually in use.
+    pub groups: HashMap<String, (ConnId, String)>,
+    /// Waiting messages that carry a group: dispatch takes the group-aware path while any do.
+    pub grouped_waiting: usize,
 }
 
 impl Queue {
@@ -57,21 +63,36 @@ impl Queue {
             topic: None,
             record_lsn: 0,
             selector: None,
+            groups: HashMap::new(),
+            grouped_waiting: 0,
         }
     }
 
     pub fn push(&mut self, entry: Entry) {
         let key = (Reverse(entry.msg.priority), entry.msg.seq);
+        if entry.msg.group().is_some() {
+            self.grouped_waiting += 1;
+        }
         let old = self.ready.insert(key, entry);
         assert!(old.is_none(), "message queued twice");
     }
 
     pub fn pop(&mut self) -> Option<Entry> {
-        self.ready.pop_first().map(|(_, e)| e)
+        let e = self.ready.pop_first().map(|(_, e)| e)?;
+        self.note_taken(&e);
+        Some(e)
     }
 
     pub fn remove_ready(&mut self, msg: &Message) -> Option<Entry> {
-        self.ready.remove(&(Reverse(msg.priority), msg.seq))
+        let e = self.ready.remove(&(Reverse(msg.priority), msg.seq))?;
+        self.note_taken(&e);
+        Some(e)
+    }
+
+    fn note_taken(&mut self, e: &Entry) {
+        if e.msg.group().is_some() {
+            self.grouped_waiting -= 1;
+        }
     }
 
     pub fn contains(&self, msg: &Message) -> bool {
@@ -103,6 +124,8 @@ impl Queue {
     /// Every message held, waiting or in flight.
     pub fn drain_all(&mut self) -> Vec<Entry> {
         let mut all: Vec<Entry> = std::mem::take(&mut self.ready).into_values().collect();
+        self.grouped_waiting = 0;
+        self.groups.clear();
         all.extend(self.inflight.drain().map(|(_, f)| f.entry));
         all
     }
