@@ -26,6 +26,10 @@ pub struct SubscribeOptions {
     pub priority: u8,
     /// `selector`: only messages it selects are delivered to this subscription.
     pub selector: Option<crate::selector::Selector>,
+    /// `browser:true` on a queue: a copy of the waiting messages (at most
+    /// `EngineConfig::browse_messages_max`), without consuming them, then a MESSAGE with the
+    /// header `browser:end`. Nothing more is delivered to it.
+    pub browser: bool,
 }
 
 /// Which delivery an ACK or NACK names.

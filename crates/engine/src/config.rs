@@ -28,6 +28,8 @@ pub struct EngineConfig {
     /// Messages buffered for one non-durable topic subscriber that is not keeping up; beyond
     /// this the oldest are discarded (they are not stored anywhere else).
     pub topic_subscriber_pending_max: usize,
+    /// Most messages one browsing subscription is sent.
+    pub browse_messages_max: usize,
     /// Largest record the log takes; a SEND or COMMIT that would need more is refused.
     pub record_bytes_max: usize,
     /// Distinguishes non-persistent message ids across restarts.
@@ -46,6 +48,7 @@ impl Default for EngineConfig {
             transactions_per_connection_max: 1_000,
             subscriptions_per_connection_max: 10_000,
             topic_subscriber_pending_max: 100_000,
+            browse_messages_max: 10_000,
             record_bytes_max: 32 * 1024 * 1024,
             boot_id: 0,
         }

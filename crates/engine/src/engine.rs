@@ -430,6 +430,9 @@ impl Engine {
             }
         }
         let prefetch = prefetch.clamp(1, self.cfg.prefetch_max);
+        if options.browser {
+            return self.browse(conn, sub_id, destination, prefetch, options);
+        }
         let mut durable = None;
         let mut private_queue = false;
         let mut topic = None;
@@ -523,6 +526,107 @@ impl Engine {
             .subs
             .insert(sub_id, sub);
         self.to_dispatch.insert(queue);
+        Ok(())
+    }
+
+    /// A browsing subscription: copies of what the queue holds, in delivery order, then the
+    /// end-of-browse marker. It consumes nothing and is registered only so that UNSUBSCRIBE
+    /// finds it.
+    fn browse(
+        &mut self,
+        conn: ConnId,
+        sub_id: String,
+        destination: Destination,
+        prefetch: u32,
+        options: SubscribeOptions,
+    ) -> Result<(), EngineError> {
+        let key = match &destination {
+            Destination::Queue(name) => QueueKey::Queue(name.clone()),
+            Destination::TempQueue { owner, name } => QueueKey::Temp {
+                owner: *owner,
+                name: name.clone(),
+            },
+            _ => return Err(EngineError::BrowseNotQueue(destination.to_string())),
+        };
+        let waiting = match self.queue_ids.get(&key) {
+            Some(&q) => self.queue(q).ready_head(self.cfg.browse_messages_max),
+            None => Vec::new(),
+        };
+        let c = self.conns.get_mut(&conn).expect("checked");
+        for msg in waiting {
+            if msg.is_expired(self.now_ms) {
+                continue;
+            }
+            if let Some(selector) = &options.selector {
+                let lookup = message_lookup(&msg);
+                if !selector.matches(&lookup) {
+                    continue;
+                }
+            }
+            let tag = c.next_tag;
+            c.next_tag += 1;
+            let delivery = Delivery {
+                sub_id: sub_id.clone(),
+                ack_tag: tag,
+                message: msg,
+                redelivered: false,
+                delivery_count: 0,
+                auto_ack: false,
+            };
+            self.out
+                .push(Output::Effect(Effect::Deliver { conn, delivery }));
+        }
+        let end = Arc::new(Message {
+            seq: 0,
+            id: format!("ID:haven-browse-end-{conn}-{sub_id}"),
+            destination: destination.clone(),
+            headers: vec![("browser".to_string(), "end".to_string())],
+            body: bytes::Bytes::new(),
+            persistent: false,
+            priority: 0,
+            expires_ms: 0,
+            timestamp_ms: self.now_ms,
+        });
+        let tag = c.next_tag;
+        c.next_tag += 1;
+        let delivery = Delivery {
+            sub_id: sub_id.clone(),
+            ack_tag: tag,
+            message: end,
+            redelivered: false,
+            delivery_count: 0,
+            auto_ack: false,
+        };
+        self.out
+            .push(Output::Effect(Effect::Deliver { conn, delivery }));
+        // A placeholder queue nobody sends to keeps UNSUBSCRIBE and close uniform.
+        let q = self.add_queue(QueueKey::TopicSub {
+            conn,
+            sub_id: sub_id.clone(),
+        });
+        let sub = Sub {
+            queue: q,
+            ack: AckMode::Auto,
+            prefetch,
+            inflight: 0,
+            tags: BTreeMap::new(),
+            seq_tags: HashMap::new(),
+            durable: None,
+            private_queue: true,
+            topic: Some(Destination::TempTopic {
+                owner: conn,
+                name: format!("browse-{sub_id}"),
+            }),
+            exclusive: false,
+            priority: 0,
+            selector: None,
+        };
+        self.queue_mut(q).consumers.push((conn, sub_id.clone()));
+        self.conns
+            .get_mut(&conn)
+            .expect("checked")
+            .subs
+            .insert(sub_id, sub);
         Ok(())
     }
 

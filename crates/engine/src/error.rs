@@ -37,6 +37,8 @@ pub enum EngineError {
     TooManySubscriptions(usize),
     #[error("too many open transactions on this connection (limit {0})")]
     TooManyTransactions(usize),
+    #[error("browsing is for queues; '{0}' is not a queue")]
+    BrowseNotQueue(String),
     #[error("'{0}' is a wildcard: messages are sent to one concrete destination")]
     WildcardSend(String),
     #[error("'{0}': wildcard consumers are supported on topics only (queue wildcards are not built yet)")]

@@ -128,3 +128,46 @@ fn higher_priority_consumers_are_served_first_while_they_have_room() {
         "priority 9 until its prefetch (2) is full, then priority 0"
     );
 }
+
+#[test]
+fn browsing_copies_the_queue_without_consuming_then_marks_the_end() {
+    let mut h = Harness::new(EngineConfig::default());
+    h.connect(1, None);
+    h.connect(2, None);
+    for n in 0..3 {
+        h.send(1, "/queue/work", &format!("m{n}"), true);
+    }
+    let browse = Command::Subscribe {
+        conn: 2,
+        sub_id: "b".into(),
+        destination: Destination::Queue("work".into()),
+        ack: AckMode::Auto,
+        prefetch: 100,
+        durable_name: None,
+        options: SubscribeOptions {
+            browser: true,
+            ..Default::default()
+        },
+        receipt: None,
+    };
+    let e = h.ok(browse);
+    let d = deliveries(&e);
+    let shown: Vec<String> = d
+        .iter()
+        .map(|(_, d)| String::from_utf8(d.message.body.to_vec()).unwrap())
+        .collect();
+    assert_eq!(shown, vec!["m0", "m1", "m2", ""]);
+    assert_eq!(
+        d.last().unwrap().1.message.headers,
+        vec![("browser".to_string(), "end".to_string())]
+    );
+    // Nothing was consumed: a real consumer still gets all three; the browser gets no more.
+    h.ok(Command::Unsubscribe {
+        conn: 2,
+        sub_id: "b".into(),
+        durable_name: None,
+        receipt: None,
+    });
+    let e = h.subscribe(2, "c", "/queue/work", AckMode::ClientIndividual, 100);
+    assert_eq!(bodies(&e), vec!["m0", "m1", "m2"]);
+}

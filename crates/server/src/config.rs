@@ -75,6 +75,8 @@ pub struct DeliveryConfig {
     pub prefetch_default: u32,
     pub prefetch_max: u32,
     pub topic_subscriber_pending_max: usize,
+    /// Most messages a browsing subscription (`browser:true`) is sent.
+    pub browse_messages_max: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -139,6 +141,7 @@ impl Default for DeliveryConfig {
             prefetch_default: 1_000,
             prefetch_max: 65_536,
             topic_subscriber_pending_max: 100_000,
+            browse_messages_max: 10_000,
         }
     }
 }

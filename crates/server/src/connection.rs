@@ -587,10 +587,18 @@ fn translate(
                 None | Some("") => None,
                 Some(text) => Some(Selector::parse(text).map_err(|e| e.to_string())?),
             };
+            let browser = match frame.header("browser") {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(v) => {
+                    return Err(format!("browser must be 'true' or 'false', not '{v}'").into())
+                }
+            };
             let options = SubscribeOptions {
                 exclusive,
                 priority,
                 selector,
+                browser,
             };
             let durable_name = opt(frame, "activemq.subscriptionName")
                 .or_else(|| opt(frame, "durable-subscription-name"));

@@ -58,6 +58,7 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
         subscriptions_per_connection_max: c.limits.subscriptions_per_connection_max,
         topic_subscriber_pending_max: d.topic_subscriber_pending_max,
         record_bytes_max,
+        browse_messages_max: d.browse_messages_max,
         boot_id,
     }
 }

@@ -136,3 +136,31 @@ async fn selector_filters_and_a_bad_selector_says_where_it_failed() {
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn browsing_a_queue_shows_its_messages_and_ends_with_browser_end() {
+    let (server, _dir) = start().await;
+    let c = connect(&server).await;
+    for n in 0..3 {
+        c.send_receipted("/queue/browse", &[], format!("m{n}"))
+            .await
+            .unwrap();
+    }
+    let mut b = c
+        .subscribe("/queue/browse", AckMode::Auto, &[("browser", "true")])
+        .await
+        .unwrap();
+    for n in 0..3 {
+        assert_eq!(next_body(&mut b).await, format!("m{n}"));
+    }
+    let end = tokio::time::timeout(WAIT, b.next()).await.unwrap().unwrap();
+    assert_eq!(end.header("browser"), Some("end"));
+    // Still there for a real consumer.
+    let mut q = c
+        .subscribe("/queue/browse", AckMode::Auto, &[])
+        .await
+        .unwrap();
+    assert_eq!(next_body(&mut q).await, "m0");
+    c.disconnect().await.unwrap();
+    server.shutdown().await.unwrap();
+}
