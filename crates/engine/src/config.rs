@@ -15,6 +15,12 @@ pub struct EngineConfig {
     /// times; the next failure moves the message to the DLQ. ActiveMQ's default is 6.
     pub redeliveries_max: u32,
     pub dlq: DlqPolicy,
+    /// Redelivery delay after the first failed delivery, in ms (0 = redeliver at once).
+    pub redelivery_delay_initial_ms: u64,
+    /// Each further failure multiplies the delay by this (1 = constant delay).
+    pub redelivery_backoff_multiplier: f64,
+    /// Upper bound on the delay, in ms.
+    pub redelivery_delay_max_ms: u64,
     /// Prefetch when SUBSCRIBE has no `activemq.prefetchSize`.
     pub prefetch_default: u32,
     /// Upper bound on `activemq.prefetchSize`.
@@ -41,6 +47,9 @@ impl Default for EngineConfig {
         EngineConfig {
             redeliveries_max: 6,
             dlq: DlqPolicy::Shared("ActiveMQ.DLQ".to_string()),
+            redelivery_delay_initial_ms: 0,
+            redelivery_backoff_multiplier: 1.0,
+            redelivery_delay_max_ms: 3_600_000,
             prefetch_default: 1000,
             prefetch_max: 65_536,
             transaction_ops_max: 100_000,

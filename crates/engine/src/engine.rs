@@ -118,6 +118,8 @@ pub struct Engine {
     now_ms: u64,
     /// Durable removes gathered during one call, logged together at its end.
     removes: BTreeMap<QueueKey, Vec<u64>>,
+    /// Queues holding delayed redeliveries.
+    delayed_queues: BTreeSet<QueueId>,
     /// Queues that may be able to dispatch at the end of the call.
     to_dispatch: BTreeSet<QueueId>,
 }
@@ -142,6 +144,7 @@ impl Engine {
             now_ms: 0,
             removes: BTreeMap::new(),
             to_dispatch: BTreeSet::new(),
+            delayed_queues: BTreeSet::new(),
         }
     }
 
@@ -1103,8 +1106,61 @@ impl Engine {
             Some(dlq) if entry.deliveries > self.cfg.redeliveries_max => {
                 self.dead_letter(q, entry, dlq)
             }
-            _ => self.queue_mut(q).push(entry),
+            _ => {
+                let delay_ms = self.redelivery_delay_ms(entry.deliveries);
+                if delay_ms == 0 {
+                    self.queue_mut(q).push(entry);
+                } else {
+                    let due_ms = self.now_ms.saturating_add(delay_ms);
+                    self.queue_mut(q).delay(entry, due_ms);
+                    self.delayed_queues.insert(q);
+                }
+            }
         }
+    }
+
+    /// Delay before redelivery after the `failures`-th failed delivery: the initial delay,
+    /// multiplied by the back-off for each further failure, capped.
+    fn redelivery_delay_ms(&self, failures: u32) -> u64 {
+        let initial = self.cfg.redelivery_delay_initial_ms;
+        if initial == 0 {
+            return 0;
+        }
+        let factor = self
+            .cfg
+            .redelivery_backoff_multiplier
+            .max(1.0)
+            .powi(failures.saturating_sub(1) as i32);
+        let delay = (initial as f64 * factor).min(self.cfg.redelivery_delay_max_ms as f64);
+        delay as u64
+    }
+
+    /// Time passes: delayed redeliveries that are due become deliverable. The caller calls this
+    /// periodically (see [`Engine::has_delayed`]).
+    pub fn tick(&mut self, ctx: Ctx, out: &mut Vec<Output>) {
+        assert!(self.out.is_empty() && self.removes.is_empty() && self.to_dispatch.is_empty());
+        self.lsn = ctx.next_lsn;
+        self.now_ms = ctx.now_ms;
+        let queues: Vec<QueueId> = self.delayed_queues.iter().copied().collect();
+        for q in queues {
+            let Some(queue) = self.queues[q].as_mut() else {
+                self.delayed_queues.remove(&q);
+                continue;
+            };
+            if queue.release_due(ctx.now_ms) > 0 {
+                self.to_dispatch.insert(q);
+            }
+            if !queue.has_delayed() {
+                self.delayed_queues.remove(&q);
+            }
+        }
+        self.finish();
+        out.append(&mut self.out);
+    }
+
+    /// Whether any redelivery is waiting for its delay.
+    pub fn has_delayed(&self) -> bool {
+        !self.delayed_queues.is_empty()
     }
 
     fn dlq_for(&self, q: QueueId, msg: &Message) -> Option<QueueKey> {

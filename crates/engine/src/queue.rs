@@ -50,6 +50,9 @@ pub(crate) struct Queue {
     pub groups: HashMap<String, (ConnId, String)>,
     /// Waiting messages that carry a group: dispatch takes the group-aware path while any do.
     pub grouped_waiting: usize,
+    /// Failed deliveries held back by the redelivery delay: (due time, seq) → entry.
+    delayed: BTreeMap<(u64, u64), Entry>,
+    delayed_at: HashMap<u64, u64>,
 }
 
 impl Queue {
@@ -65,6 +68,8 @@ impl Queue {
             selector: None,
             groups: HashMap::new(),
             grouped_waiting: 0,
+            delayed: BTreeMap::new(),
+            delayed_at: HashMap::new(),
         }
     }
 
@@ -98,6 +103,34 @@ impl Queue {
     pub fn contains(&self, msg: &Message) -> bool {
         self.ready.contains_key(&(Reverse(msg.priority), msg.seq))
             || self.inflight.contains_key(&msg.seq)
+            || self.delayed_at.contains_key(&msg.seq)
+    }
+
+    /// Holds a failed delivery back until `ready_at_ms` (redelivery delay).
+    pub fn delay(&mut self, entry: Entry, ready_at_ms: u64) {
+        let seq = entry.msg.seq;
+        let old = self.delayed_at.insert(seq, ready_at_ms);
+        assert!(old.is_none(), "message delayed twice");
+        self.delayed.insert((ready_at_ms, seq), entry);
+    }
+
+    /// Moves every delayed message due at `now_ms` back to waiting; returns how many.
+    pub fn release_due(&mut self, now_ms: u64) -> usize {
+        let mut n = 0;
+        while let Some(entry) = self.delayed.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            let e = entry.remove();
+            self.delayed_at.remove(&e.msg.seq);
+            self.push(e);
+            n += 1;
+        }
+        n
+    }
+
+    pub fn has_delayed(&self) -> bool {
+        !self.delayed.is_empty()
     }
 
     pub fn ready_len(&self) -> usize {
@@ -124,6 +157,8 @@ impl Queue {
     /// Every message held, waiting or in flight.
     pub fn drain_all(&mut self) -> Vec<Entry> {
         let mut all: Vec<Entry> = std::mem::take(&mut self.ready).into_values().collect();
+        all.extend(std::mem::take(&mut self.delayed).into_values());
+        self.delayed_at.clear();
         self.grouped_waiting = 0;
         self.groups.clear();
         all.extend(self.inflight.drain().map(|(_, f)| f.entry));

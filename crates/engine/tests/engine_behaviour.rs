@@ -500,3 +500,53 @@ fn compaction_relogs_live_state_so_old_records_can_go() {
     h.crash_and_recover();
     assert_eq!(h.engine.durable_contents(), before);
 }
+
+#[test]
+fn redelivery_waits_for_its_delay_with_exponential_back_off() {
+    let mut h = Harness::new(EngineConfig {
+        redelivery_delay_initial_ms: 100,
+        redelivery_backoff_multiplier: 5.0,
+        redelivery_delay_max_ms: 1_000,
+        ..cfg()
+    });
+    h.connect(1, None);
+    h.subscribe(1, "s", "/queue/slow", AckMode::ClientIndividual, 10);
+    let e = h.send(1, "/queue/slow", "x", true);
+    let tick = |h: &mut Harness| {
+        let mut out = Vec::new();
+        let ctx = h.ctx();
+        h.engine.tick(ctx, &mut out);
+        h.engine.check_invariants();
+        deliveries(
+            &out.into_iter()
+                .filter_map(|o| match o {
+                    Output::Effect(e) => Some(e),
+                    _ => None,
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    let start = h.now_ms;
+    let mut tag = deliveries(&e)[0].1.ack_tag;
+    // Waits after failures 1, 2, 3: 100 ms, 500 ms, then capped at 1,000 ms.
+    for wait in [100u64, 500, 1_000] {
+        assert!(
+            deliveries(&h.nack(1, tag)).is_empty(),
+            "not redelivered at once"
+        );
+        assert!(h.engine.has_delayed());
+        h.now_ms += wait - 1;
+        assert!(tick(&mut h).is_empty(), "not before {wait} ms");
+        h.now_ms += 1;
+        let d = tick(&mut h);
+        assert_eq!(d.len(), 1, "due after {wait} ms");
+        assert!(d[0].1.redelivered);
+        tag = d[0].1.ack_tag;
+    }
+    assert_eq!(h.now_ms - start, 1_600);
+    // A delayed message is still held durably: a crash makes it available at once.
+    h.nack(1, tag);
+    let before = h.engine.durable_contents();
+    h.crash_and_recover();
+    assert_eq!(h.engine.durable_contents(), before);
+}

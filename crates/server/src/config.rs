@@ -69,6 +69,14 @@ pub enum DlqMode {
 #[serde(deny_unknown_fields, default)]
 pub struct DeliveryConfig {
     pub redeliveries_max: u32,
+    /// Wait before redelivering a message whose delivery failed (NACK, consumer gone), in ms;
+    /// 0 redelivers at once.
+    pub redelivery_delay_initial_ms: u64,
+    /// Each further failure multiplies the delay (1.0 = constant; ActiveMQ's exponential
+    /// back-off uses 5).
+    pub redelivery_backoff_multiplier: f64,
+    /// Cap on the delay, in ms.
+    pub redelivery_delay_max_ms: u64,
     pub dlq: DlqMode,
     pub dlq_name: String,
     pub dlq_prefix: String,
@@ -135,6 +143,9 @@ impl Default for DeliveryConfig {
     fn default() -> Self {
         DeliveryConfig {
             redeliveries_max: 6,
+            redelivery_delay_initial_ms: 0,
+            redelivery_backoff_multiplier: 1.0,
+            redelivery_delay_max_ms: 3_600_000,
             dlq: DlqMode::Shared,
             dlq_name: "ActiveMQ.DLQ".into(),
             dlq_prefix: "DLQ.".into(),
@@ -259,6 +270,23 @@ impl Config {
                     "must be between 1 and delivery.prefetch_max ({})",
                     d.prefetch_max
                 ),
+            );
+        }
+        if !(d.redelivery_backoff_multiplier.is_finite()
+            && (1.0..=100.0).contains(&d.redelivery_backoff_multiplier))
+        {
+            return invalid(
+                "delivery.redelivery_backoff_multiplier",
+                format!(
+                    "{} is not between 1.0 and 100.0",
+                    d.redelivery_backoff_multiplier
+                ),
+            );
+        }
+        if d.redelivery_delay_max_ms < d.redelivery_delay_initial_ms {
+            return invalid(
+                "delivery.redelivery_delay_max_ms",
+                "must be at least delivery.redelivery_delay_initial_ms".into(),
             );
         }
         if d.dlq_name.is_empty() {

@@ -53,6 +53,9 @@ pub(crate) enum CoreMsg {
 /// latency one busy burst can add to the next sync.
 const COMMANDS_PER_BATCH_MAX: usize = 4096;
 
+/// How often delayed redeliveries are checked for being due: the delay's resolution.
+const REDELIVERY_TICK_MS: u64 = 20;
+
 /// Unsynced records that nothing waits for, beyond which they are synced anyway.
 const LAZY_RECORDS_MAX: u64 = 1_000;
 
@@ -121,6 +124,8 @@ impl Core {
         let mut durable_rx = self.journal.durable();
         let mut tick = tokio::time::interval(maintenance);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut redelivery = tokio::time::interval(Duration::from_millis(REDELIVERY_TICK_MS));
+        redelivery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let result = loop {
             tokio::select! {
                 biased;
@@ -145,6 +150,12 @@ impl Core {
                             Err(_) => break,
                         }
                     }
+                }
+                // Delayed redeliveries become due as time passes.
+                _ = redelivery.tick(), if self.engine.has_delayed() => {
+                    let ctx = self.ctx();
+                    self.engine.tick(ctx, &mut self.out);
+                    self.absorb();
                 }
                 _ = tick.tick() => {
                     self.maintain();
