@@ -15,6 +15,8 @@ pub struct EngineConfig {
     /// times; the next failure moves the message to the DLQ. ActiveMQ's default is 6.
     pub redeliveries_max: u32,
     pub dlq: DlqPolicy,
+    /// Expired messages go to the DLQ instead of being dropped (ActiveMQ's default is the DLQ).
+    pub expired_to_dlq: bool,
     /// Redelivery delay after the first failed delivery, in ms (0 = redeliver at once).
     pub redelivery_delay_initial_ms: u64,
     /// Each further failure multiplies the delay by this (1 = constant delay).
@@ -47,6 +49,7 @@ impl Default for EngineConfig {
         EngineConfig {
             redeliveries_max: 6,
             dlq: DlqPolicy::Shared("ActiveMQ.DLQ".to_string()),
+            expired_to_dlq: false,
             redelivery_delay_initial_ms: 0,
             redelivery_backoff_multiplier: 1.0,
             redelivery_delay_max_ms: 3_600_000,

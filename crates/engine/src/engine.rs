@@ -23,6 +23,9 @@ use std::sync::Arc;
 /// by a later move, encoding overhead).
 const RECORD_OVERHEAD_BYTES: usize = 4096;
 
+/// Dispatch rounds per call: the first, plus one for DLQs that expired messages moved into.
+const DISPATCH_ROUNDS_MAX: usize = 4;
+
 /// Waiting messages one dispatch looks at when consumers have selectors: bounds the work a
 /// backlog nobody selects can cost each call.
 const SELECTOR_SCAN_MAX: usize = 10_000;
@@ -321,15 +324,21 @@ impl Engine {
 
     /// Dispatches what became possible and logs the removes gathered during the call.
     fn finish(&mut self) {
-        // Dispatching can add removes (auto-ack, expiry) and more dispatchable queues never,
-        // so one pass suffices.
-        let queues = std::mem::take(&mut self.to_dispatch);
-        for q in queues {
-            if self.queues.get(q).is_some_and(Option::is_some) {
-                self.dispatch(q);
+        // Dispatching can add removes (expiry) and, when expired messages go to the DLQ, make
+        // the DLQ dispatchable: a second round handles it. The DLQ never dead-letters into
+        // itself, so rounds are few.
+        for _round in 0..DISPATCH_ROUNDS_MAX {
+            let queues = std::mem::take(&mut self.to_dispatch);
+            if queues.is_empty() {
+                break;
+            }
+            for q in queues {
+                if self.queues.get(q).is_some_and(Option::is_some) {
+                    self.dispatch(q);
+                }
             }
         }
-        assert!(self.to_dispatch.is_empty());
+        assert!(self.to_dispatch.is_empty(), "dispatch did not settle");
         let removes = std::mem::take(&mut self.removes);
         for (queue, seqs) in removes {
             self.log(Record::Remove { queue, seqs });
@@ -1104,7 +1113,7 @@ impl Engine {
         let dlq = self.dlq_for(q, &entry.msg);
         match dlq {
             Some(dlq) if entry.deliveries > self.cfg.redeliveries_max => {
-                self.dead_letter(q, entry, dlq)
+                self.dead_letter(q, entry, dlq, false)
             }
             _ => {
                 let delay_ms = self.redelivery_delay_ms(entry.deliveries);
@@ -1163,6 +1172,17 @@ impl Engine {
         !self.delayed_queues.is_empty()
     }
 
+    /// An expired message leaves its queue: dropped, or moved to the DLQ when configured (a
+    /// message that expires in the DLQ itself is dropped).
+    fn expire(&mut self, q: QueueId, entry: Entry) {
+        if self.cfg.expired_to_dlq {
+            if let Some(dlq) = self.dlq_for(q, &entry.msg) {
+                return self.dead_letter(q, entry, dlq, true);
+            }
+        }
+        self.removed(q, &entry.msg);
+    }
+
     fn dlq_for(&self, q: QueueId, msg: &Message) -> Option<QueueKey> {
         let name = match &self.cfg.dlq {
             DlqPolicy::Shared(name) => name.clone(),
@@ -1178,8 +1198,18 @@ impl Engine {
         (self.queue(q).key != key).then_some(key)
     }
 
-    fn dead_letter(&mut self, from: QueueId, entry: Entry, dlq: QueueKey) {
-        let msg = entry.msg.clone();
+    /// `expired`: moved because it expired (not because deliveries failed).
+    fn dead_letter(&mut self, from: QueueId, entry: Entry, dlq: QueueKey, expired: bool) {
+        let msg = if expired {
+            // Dead-lettered because it expired: in the DLQ it no longer expires, or it would
+            // vanish from there unread.
+            Arc::new(Message {
+                expires_ms: 0,
+                ..(*entry.msg).clone()
+            })
+        } else {
+            entry.msg.clone()
+        };
         let to = self.queue_for(dlq.clone());
         if self.queue(to).contains(&msg) {
             // Already dead-lettered through another holder (a topic message that failed on two
@@ -1263,7 +1293,7 @@ impl Engine {
             let entry = queue.pop().expect("not empty");
             if entry.msg.is_expired(self.now_ms) {
                 // An expired message is never delivered.
-                self.removed(q, &entry.msg);
+                self.expire(q, entry);
                 continue;
             }
             self.deliver(q, conn, &sub_id, entry);
@@ -1278,7 +1308,7 @@ impl Engine {
         for msg in head {
             if msg.is_expired(self.now_ms) {
                 let entry = self.queue_mut(q).remove_ready(&msg).expect("waiting");
-                self.removed(q, &entry.msg);
+                self.expire(q, entry);
                 continue;
             }
             let queue = self.queue(q);

@@ -550,3 +550,37 @@ fn redelivery_waits_for_its_delay_with_exponential_back_off() {
     h.crash_and_recover();
     assert_eq!(h.engine.durable_contents(), before);
 }
+
+#[test]
+fn expired_messages_can_go_to_the_dlq_instead() {
+    let mut h = Harness::new(EngineConfig {
+        expired_to_dlq: true,
+        ..cfg()
+    });
+    h.connect(1, None);
+    h.ok(Command::Send {
+        conn: 1,
+        destination: Destination::Queue("e".into()),
+        message: NewMessage {
+            headers: vec![],
+            body: "late".into(),
+            persistent: true,
+            priority: 4,
+            expires_ms: 2_000,
+        },
+        transaction: None,
+        receipt: None,
+    });
+    h.now_ms = 3_000;
+    assert!(deliveries(&h.subscribe(1, "s", "/queue/e", AckMode::Auto, 100)).is_empty());
+    let contents = h.engine.durable_contents();
+    assert_eq!(held(&contents, "e"), 0);
+    assert_eq!(held(&contents, "ActiveMQ.DLQ"), 1);
+    h.crash_and_recover();
+    assert_eq!(h.engine.durable_contents(), contents);
+    h.connect(2, None);
+    let e = h.subscribe(2, "d", "/queue/ActiveMQ.DLQ", AckMode::Auto, 10);
+    let d = deliveries(&e);
+    assert_eq!(bodies(&e), vec!["late"]);
+    assert_eq!(d[0].1.message.expires_ms, 0, "no longer expires in the DLQ");
+}

@@ -79,6 +79,8 @@ pub struct DeliveryConfig {
     pub redelivery_delay_max_ms: u64,
     pub dlq: DlqMode,
     pub dlq_name: String,
+    /// Expired messages go to the DLQ (no longer expiring there) instead of being dropped.
+    pub expired_to_dlq: bool,
     pub dlq_prefix: String,
     pub prefetch_default: u32,
     pub prefetch_max: u32,
@@ -148,6 +150,7 @@ impl Default for DeliveryConfig {
             redelivery_delay_max_ms: 3_600_000,
             dlq: DlqMode::Shared,
             dlq_name: "ActiveMQ.DLQ".into(),
+            expired_to_dlq: false,
             dlq_prefix: "DLQ.".into(),
             prefetch_default: 1_000,
             prefetch_max: 65_536,

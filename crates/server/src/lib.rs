@@ -49,6 +49,7 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
                 prefix: d.dlq_prefix.clone(),
             },
         },
+        expired_to_dlq: d.expired_to_dlq,
         redelivery_delay_initial_ms: d.redelivery_delay_initial_ms,
         redelivery_backoff_multiplier: d.redelivery_backoff_multiplier,
         redelivery_delay_max_ms: d.redelivery_delay_max_ms,
