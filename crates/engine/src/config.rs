@@ -9,6 +9,19 @@ pub enum DlqPolicy {
     PerDestination { prefix: String },
 }
 
+/// Redelivery settings for the destinations a pattern matches (ActiveMQ's per-destination
+/// redelivery policy). The first matching policy applies; otherwise the broker-wide settings.
+#[derive(Clone, Debug)]
+pub struct RedeliveryPolicy {
+    /// A queue or topic name, wildcards (`*`, `>`) allowed; matched against where the message
+    /// was sent.
+    pub destination: crate::types::Destination,
+    pub redeliveries_max: u32,
+    pub delay_initial_ms: u64,
+    pub backoff_multiplier: f64,
+    pub delay_max_ms: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// A delivery that fails (NACK, or the connection closed before ACK) is retried this many
@@ -23,6 +36,8 @@ pub struct EngineConfig {
     pub redelivery_backoff_multiplier: f64,
     /// Upper bound on the delay, in ms.
     pub redelivery_delay_max_ms: u64,
+    /// Per-destination overrides of the four settings above, first match wins.
+    pub redelivery_policies: Vec<RedeliveryPolicy>,
     /// Prefetch when SUBSCRIBE has no `activemq.prefetchSize`.
     pub prefetch_default: u32,
     /// Upper bound on `activemq.prefetchSize`.
@@ -53,6 +68,7 @@ impl Default for EngineConfig {
             redelivery_delay_initial_ms: 0,
             redelivery_backoff_multiplier: 1.0,
             redelivery_delay_max_ms: 3_600_000,
+            redelivery_policies: Vec::new(),
             prefetch_default: 1000,
             prefetch_max: 65_536,
             transaction_ops_max: 100_000,

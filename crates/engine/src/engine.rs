@@ -5,7 +5,7 @@
 //! by a durable queue, which durable queues hold it and the LSN of the record describing it.
 
 use crate::command::{AckRef, Command, NewMessage, SubscribeOptions};
-use crate::config::{DlqPolicy, EngineConfig};
+use crate::config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
 use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
 use crate::live::{LiveObject, LiveSet};
@@ -22,6 +22,19 @@ use std::sync::Arc;
 /// Slack kept below `record_bytes_max` for what the estimate does not count (a DLQ key added
 /// by a later move, encoding overhead).
 const RECORD_OVERHEAD_BYTES: usize = 4096;
+
+/// Delay before redelivery after the `failures`-th failed delivery: the initial delay,
+/// multiplied by the back-off for each further failure, capped.
+fn redelivery_delay_ms(policy: &RedeliveryPolicy, failures: u32) -> u64 {
+    if policy.delay_initial_ms == 0 {
+        return 0;
+    }
+    let factor = policy
+        .backoff_multiplier
+        .max(1.0)
+        .powi(failures.saturating_sub(1) as i32);
+    (policy.delay_initial_ms as f64 * factor).min(policy.delay_max_ms as f64) as u64
+}
 
 /// Dispatch rounds per call: the first, plus one for DLQs that expired messages moved into.
 const DISPATCH_ROUNDS_MAX: usize = 4;
@@ -1111,12 +1124,13 @@ impl Engine {
             .entry;
         entry.redelivered = true;
         let dlq = self.dlq_for(q, &entry.msg);
+        let policy = self.redelivery_policy(&entry.msg.destination);
         match dlq {
-            Some(dlq) if entry.deliveries > self.cfg.redeliveries_max => {
+            Some(dlq) if entry.deliveries > policy.redeliveries_max => {
                 self.dead_letter(q, entry, dlq, false)
             }
             _ => {
-                let delay_ms = self.redelivery_delay_ms(entry.deliveries);
+                let delay_ms = redelivery_delay_ms(&policy, entry.deliveries);
                 if delay_ms == 0 {
                     self.queue_mut(q).push(entry);
                 } else {
@@ -1128,20 +1142,29 @@ impl Engine {
         }
     }
 
-    /// Delay before redelivery after the `failures`-th failed delivery: the initial delay,
-    /// multiplied by the back-off for each further failure, capped.
-    fn redelivery_delay_ms(&self, failures: u32) -> u64 {
-        let initial = self.cfg.redelivery_delay_initial_ms;
-        if initial == 0 {
-            return 0;
+    /// The redelivery settings for messages sent to `destination`.
+    fn redelivery_policy(&self, destination: &Destination) -> RedeliveryPolicy {
+        let found =
+            self.cfg
+                .redelivery_policies
+                .iter()
+                .find(|p| match (&p.destination, destination) {
+                    (Destination::Queue(pattern), Destination::Queue(name))
+                    | (Destination::Topic(pattern), Destination::Topic(name)) => {
+                        wildcard_matches(pattern, name)
+                    }
+                    _ => false,
+                });
+        match found {
+            Some(p) => p.clone(),
+            None => RedeliveryPolicy {
+                destination: destination.clone(),
+                redeliveries_max: self.cfg.redeliveries_max,
+                delay_initial_ms: self.cfg.redelivery_delay_initial_ms,
+                backoff_multiplier: self.cfg.redelivery_backoff_multiplier,
+                delay_max_ms: self.cfg.redelivery_delay_max_ms,
+            },
         }
-        let factor = self
-            .cfg
-            .redelivery_backoff_multiplier
-            .max(1.0)
-            .powi(failures.saturating_sub(1) as i32);
-        let delay = (initial as f64 * factor).min(self.cfg.redelivery_delay_max_ms as f64);
-        delay as u64
     }
 
     /// Time passes: delayed redeliveries that are due become deliverable. The caller calls this

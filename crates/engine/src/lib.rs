@@ -27,7 +27,7 @@ pub mod selector;
 mod types;
 
 pub use command::{AckRef, Command, NewMessage, SubscribeOptions};
-pub use config::{DlqPolicy, EngineConfig};
+pub use config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
 pub use effect::{Delivery, Effect, Output};
 pub use engine::{Ctx, Engine, QueueStats};
 pub use error::EngineError;

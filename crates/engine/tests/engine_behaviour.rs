@@ -584,3 +584,37 @@ fn expired_messages_can_go_to_the_dlq_instead() {
     assert_eq!(bodies(&e), vec!["late"]);
     assert_eq!(d[0].1.message.expires_ms, 0, "no longer expires in the DLQ");
 }
+
+#[test]
+fn redelivery_policy_follows_the_destination_pattern() {
+    let mut h = Harness::new(EngineConfig {
+        redeliveries_max: 6,
+        redelivery_policies: vec![RedeliveryPolicy {
+            destination: Destination::Queue("orders.>".into()),
+            redeliveries_max: 1,
+            delay_initial_ms: 0,
+            backoff_multiplier: 1.0,
+            delay_max_ms: 0,
+        }],
+        ..cfg()
+    });
+    h.connect(1, None);
+    h.subscribe(1, "o", "/queue/orders.eu", AckMode::ClientIndividual, 1);
+    h.subscribe(1, "x", "/queue/other", AckMode::ClientIndividual, 1);
+    let mut o = deliveries(&h.send(1, "/queue/orders.eu", "order", true))[0]
+        .1
+        .ack_tag;
+    let mut x = deliveries(&h.send(1, "/queue/other", "other", true))[0]
+        .1
+        .ack_tag;
+    // orders.> allows one redelivery: the second failure dead-letters it.
+    o = deliveries(&h.nack(1, o))[0].1.ack_tag;
+    assert!(deliveries(&h.nack(1, o)).is_empty());
+    assert_eq!(held(&h.engine.durable_contents(), "ActiveMQ.DLQ"), 1);
+    // Other destinations keep the broker-wide six.
+    for _ in 0..6 {
+        x = deliveries(&h.nack(1, x))[0].1.ack_tag;
+    }
+    assert!(deliveries(&h.nack(1, x)).is_empty());
+    assert_eq!(held(&h.engine.durable_contents(), "ActiveMQ.DLQ"), 2);
+}

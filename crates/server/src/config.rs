@@ -77,6 +77,8 @@ pub struct DeliveryConfig {
     pub redelivery_backoff_multiplier: f64,
     /// Cap on the delay, in ms.
     pub redelivery_delay_max_ms: u64,
+    /// Per-destination redelivery settings (`[[delivery.redelivery_policy]]`), first match wins.
+    pub redelivery_policy: Vec<RedeliveryPolicyConfig>,
     pub dlq: DlqMode,
     pub dlq_name: String,
     /// Expired messages go to the DLQ (no longer expiring there) instead of being dropped.
@@ -87,6 +89,19 @@ pub struct DeliveryConfig {
     pub topic_subscriber_pending_max: usize,
     /// Most messages a browsing subscription (`browser:true`) is sent.
     pub browse_messages_max: usize,
+}
+
+/// One `[[delivery.redelivery_policy]]`: settings for the destinations `destination` matches
+/// (`/queue/NAME` or `/topic/NAME`, wildcards `*` and `>` allowed). Unset keys take the
+/// broker-wide `[delivery]` values.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedeliveryPolicyConfig {
+    pub destination: String,
+    pub redeliveries_max: Option<u32>,
+    pub redelivery_delay_initial_ms: Option<u64>,
+    pub redelivery_backoff_multiplier: Option<f64>,
+    pub redelivery_delay_max_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -148,6 +163,7 @@ impl Default for DeliveryConfig {
             redelivery_delay_initial_ms: 0,
             redelivery_backoff_multiplier: 1.0,
             redelivery_delay_max_ms: 3_600_000,
+            redelivery_policy: Vec::new(),
             dlq: DlqMode::Shared,
             dlq_name: "ActiveMQ.DLQ".into(),
             expired_to_dlq: false,
@@ -292,6 +308,27 @@ impl Config {
                 "must be at least delivery.redelivery_delay_initial_ms".into(),
             );
         }
+        for p in &d.redelivery_policy {
+            if !(p.destination.starts_with("/queue/") || p.destination.starts_with("/topic/"))
+                || p.destination.len() < 8
+            {
+                return invalid(
+                    "delivery.redelivery_policy.destination",
+                    format!(
+                        "'{}' must be /queue/NAME or /topic/NAME (wildcards allowed)",
+                        p.destination
+                    ),
+                );
+            }
+            if let Some(m) = p.redelivery_backoff_multiplier {
+                if !(m.is_finite() && (1.0..=100.0).contains(&m)) {
+                    return invalid(
+                        "delivery.redelivery_policy.redelivery_backoff_multiplier",
+                        format!("{m} is not between 1.0 and 100.0"),
+                    );
+                }
+            }
+        }
         if d.dlq_name.is_empty() {
             return invalid("delivery.dlq_name", "must not be empty".into());
         }
@@ -368,6 +405,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("redeliveries_max"), "{e}");
+    }
+
+    #[test]
+    fn redelivery_policies_parse_and_are_checked() {
+        let c = parse("[[delivery.redelivery_policy]]\ndestination = \"/queue/orders.>\"\nredeliveries_max = 2\n").unwrap();
+        assert_eq!(c.delivery.redelivery_policy[0].redeliveries_max, Some(2));
+        let e = parse("[[delivery.redelivery_policy]]\ndestination = \"orders\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("delivery.redelivery_policy.destination"), "{e}");
+        let e = parse("[[delivery.redelivery_policy]]\ndestination = \"/queue/a\"\nbogus = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
     }
 
     #[test]

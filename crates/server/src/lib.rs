@@ -13,7 +13,7 @@ pub use error::ServerError;
 
 use crate::connection::Shared;
 use crate::core::Core;
-use haven_engine::{DlqPolicy, Engine, EngineConfig, Record};
+use haven_engine::{Destination, DlqPolicy, Engine, EngineConfig, Record, RedeliveryPolicy};
 use haven_journal::{Journal, JournalConfig};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -53,6 +53,28 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
         redelivery_delay_initial_ms: d.redelivery_delay_initial_ms,
         redelivery_backoff_multiplier: d.redelivery_backoff_multiplier,
         redelivery_delay_max_ms: d.redelivery_delay_max_ms,
+        redelivery_policies: d
+            .redelivery_policy
+            .iter()
+            .map(|p| RedeliveryPolicy {
+                destination: match p.destination.strip_prefix("/queue/") {
+                    Some(name) => Destination::Queue(name.to_string()),
+                    None => {
+                        Destination::Topic(p.destination.trim_start_matches("/topic/").to_string())
+                    }
+                },
+                redeliveries_max: p.redeliveries_max.unwrap_or(d.redeliveries_max),
+                delay_initial_ms: p
+                    .redelivery_delay_initial_ms
+                    .unwrap_or(d.redelivery_delay_initial_ms),
+                backoff_multiplier: p
+                    .redelivery_backoff_multiplier
+                    .unwrap_or(d.redelivery_backoff_multiplier),
+                delay_max_ms: p
+                    .redelivery_delay_max_ms
+                    .unwrap_or(d.redelivery_delay_max_ms),
+            })
+            .collect(),
         prefetch_default: d.prefetch_default,
         prefetch_max: d.prefetch_max,
         transaction_ops_max: c.limits.transaction_ops_max,
