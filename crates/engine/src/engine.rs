@@ -486,11 +486,7 @@ impl Engine {
                     // Another topic or selector: JMS starts the subscription afresh. The drop of what it
                     // held is logged explicitly, so replay never depends on the dead record
                     // that named the old topic (segment deletion may have removed it).
-                    self.log(Record::DurableUnsubscribe {
-                        client_id: client_id.clone(),
-                        name: dname.clone(),
-                    });
-                    self.apply_durable_unsubscribe(&client_id, &dname);
+                    self.remove_durable(&client_id, &dname);
                 }
                 if !unchanged {
                     let lsn = self.log(Record::DurableSubscribe {
@@ -681,21 +677,12 @@ impl Engine {
                 if !self.queue(q).consumers.is_empty() {
                     return Err(EngineError::DurableInUse(dname));
                 }
-                let lsn = self.log(Record::DurableUnsubscribe {
-                    client_id: client_id.clone(),
-                    name: dname.clone(),
-                });
-                let _ = lsn;
-                self.apply_durable_unsubscribe(&client_id, &dname);
+                self.remove_durable(&client_id, &dname);
             }
             (Some(durable), dname) => {
                 self.drop_subscription(conn, sub_id);
                 if let (Some((client_id, name)), Some(_)) = (durable, dname) {
-                    self.log(Record::DurableUnsubscribe {
-                        client_id: client_id.clone(),
-                        name: name.clone(),
-                    });
-                    self.apply_durable_unsubscribe(&client_id, &name);
+                    self.remove_durable(&client_id, &name);
                 }
             }
         }
@@ -737,18 +724,12 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let mut bytes = extra_bytes + RECORD_OVERHEAD_BYTES;
         for (destination, m) in sends {
-            if !m.persistent || !self.will_be_logged(destination) {
+            if !m.persistent {
                 continue;
             }
-            bytes += m.body.len()
-                + m.headers
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len() + 8)
-                    .sum::<usize>()
-                + 128;
             let holders: usize = match destination {
                 Destination::Queue(name) => name.len() + 8,
-                _ => self
+                Destination::Topic(_) => self
                     .topic_targets(destination)
                     .iter()
                     .map(|&q| match &self.queue(q).key {
@@ -757,7 +738,17 @@ impl Engine {
                         QueueKey::TopicSub { .. } | QueueKey::Temp { .. } => 0,
                     })
                     .sum(),
+                Destination::TempQueue { .. } | Destination::TempTopic { .. } => continue,
             };
+            if holders == 0 {
+                continue; // not logged: no durable holder
+            }
+            bytes += m.body.len()
+                + m.headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 8)
+                    .sum::<usize>()
+                + 128;
             bytes += holders;
         }
         let max = self
@@ -1563,6 +1554,15 @@ impl Engine {
             self.attach_topic(Destination::Topic(topic.to_string()), q);
         }
         self.live.insert(lsn, live);
+    }
+
+    /// Removes a durable subscription for good: logged, then applied.
+    fn remove_durable(&mut self, client_id: &str, name: &str) {
+        self.log(Record::DurableUnsubscribe {
+            client_id: client_id.to_string(),
+            name: name.to_string(),
+        });
+        self.apply_durable_unsubscribe(client_id, name);
     }
 
     fn apply_durable_unsubscribe(&mut self, client_id: &str, name: &str) {
