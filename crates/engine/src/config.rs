@@ -22,6 +22,21 @@ pub struct RedeliveryPolicy {
     pub delay_max_ms: u64,
 }
 
+/// Limits for the destinations a pattern matches (ActiveMQ's per-destination policy entries).
+/// The first matching entry applies; unset fields fall back to the broker-wide values.
+#[derive(Clone, Debug)]
+pub struct DestinationLimits {
+    /// A queue or topic name, wildcards (`*`, `>`) allowed. For a durable subscription, its
+    /// topic is matched.
+    pub destination: crate::types::Destination,
+    /// Bytes of waiting messages kept in memory before later ones are paged out to the log.
+    pub memory_bytes_max: Option<u64>,
+    /// Messages held (waiting, in flight, paged out) at which producers are held back.
+    pub messages_max: Option<u64>,
+    /// Bytes of waiting messages (in memory or paged out) at which producers are held back.
+    pub bytes_max: Option<u64>,
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// A delivery that fails (NACK, or the connection closed before ACK) is retried this many
@@ -57,6 +72,14 @@ pub struct EngineConfig {
     pub record_bytes_max: usize,
     /// Distinguishes non-persistent message ids across restarts.
     pub boot_id: u64,
+    /// Bytes of waiting messages held in memory over all queues; beyond it (or a queue's own
+    /// limit) messages stay only in the log and are read back when consumers reach them.
+    /// `u64::MAX` = never page (also the case while no loader is installed).
+    pub memory_bytes_max: u64,
+    /// Per-destination limits, first match wins.
+    pub destination_limits: Vec<DestinationLimits>,
+    /// Scheduled messages (`AMQ_SCHEDULED_*`) held at once; each is kept in memory.
+    pub scheduled_messages_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +101,9 @@ impl Default for EngineConfig {
             topic_subscriber_pending_max: 100_000,
             browse_messages_max: 10_000,
             record_bytes_max: 32 * 1024 * 1024,
+            memory_bytes_max: u64::MAX,
+            destination_limits: Vec::new(),
+            scheduled_messages_max: 100_000,
             boot_id: 0,
         }
     }

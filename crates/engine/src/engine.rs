@@ -17,7 +17,15 @@ use crate::types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination, QueueKey,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+
+#[path = "paging.rs"]
+mod paging;
+#[path = "scheduler.rs"]
+mod scheduler;
+pub use paging::{MemoryStats, MessageLoader};
+use scheduler::Scheduled;
 
 /// Slack kept below `record_bytes_max` for what the estimate does not count (a DLQ key added
 /// by a later move, encoding overhead).
@@ -138,6 +146,20 @@ pub struct Engine {
     delayed_queues: BTreeSet<QueueId>,
     /// Queues that may be able to dispatch at the end of the call.
     to_dispatch: BTreeSet<QueueId>,
+    /// Bytes of waiting messages in memory over all queues (shared with every queue).
+    hot_bytes_total: Arc<AtomicU64>,
+    /// Reads paged-out messages back; no paging without it.
+    loader: Option<Box<dyn MessageLoader>>,
+    /// Every record below this LSN is durable, so may be read back.
+    durable_lsn: u64,
+    /// Queues with paged (cold or tail) messages.
+    paging_queues: BTreeSet<QueueId>,
+    paged_in_total: u64,
+    /// A paging failure the caller must stop for.
+    fatal: Option<String>,
+    /// Scheduled messages by seq, and their firing order.
+    schedules: HashMap<u64, Scheduled>,
+    schedule_due: BTreeSet<(u64, u64)>,
 }
 
 impl Engine {
@@ -161,6 +183,14 @@ impl Engine {
             removes: BTreeMap::new(),
             to_dispatch: BTreeSet::new(),
             delayed_queues: BTreeSet::new(),
+            hot_bytes_total: Arc::new(AtomicU64::new(0)),
+            loader: None,
+            durable_lsn: 0,
+            paging_queues: BTreeSet::new(),
+            paged_in_total: 0,
+            fatal: None,
+            schedules: HashMap::new(),
+            schedule_due: BTreeSet::new(),
         }
     }
 
@@ -239,11 +269,16 @@ impl Engine {
                         return Err(EngineError::WildcardSend(destination.to_string()));
                     }
                 }
-                match transaction {
-                    Some(tx) => self.tx_push_send(conn, &tx, destination, message)?,
-                    None => {
+                let table = scheduler::timetable(&message.headers)?;
+                match (transaction, table) {
+                    (Some(_), Some(_)) => return Err(EngineError::ScheduledInTransaction),
+                    (Some(tx), None) => self.tx_push_send(conn, &tx, destination, message)?,
+                    (None, table) => {
                         self.check_record_size(&[(&destination, &message)], 0)?;
-                        self.send(conn, destination, message)
+                        match table {
+                            Some(table) => self.schedule(destination, message, table)?,
+                            None => self.send(conn, destination, message),
+                        }
                     }
                 }
                 receipt
@@ -356,6 +391,9 @@ impl Engine {
         for (queue, seqs) in removes {
             self.log(Record::Remove { queue, seqs });
         }
+        if !self.paging_queues.is_empty() {
+            self.page_out_tails();
+        }
     }
 
     fn log(&mut self, record: Record) -> u64 {
@@ -416,7 +454,7 @@ impl Engine {
                 queue.consumers.is_empty(),
                 "only the owner consumes a temporary queue"
             );
-            drop(queue.drain_all());
+            drop(queue.drain_all().entries);
         }
         self.topics
             .retain(|d, _| !matches!(d, Destination::TempTopic { owner, .. } if *owner == conn));
@@ -709,7 +747,7 @@ impl Engine {
             let topic = sub.topic.expect("private queues belong to topics");
             self.detach_topic(&topic, sub.queue);
             let mut queue = self.remove_queue(sub.queue);
-            drop(queue.drain_all());
+            drop(queue.drain_all().entries);
         } else {
             self.to_dispatch.insert(sub.queue);
         }
@@ -764,7 +802,7 @@ impl Engine {
     fn send(&mut self, sender: ConnId, destination: Destination, message: NewMessage) {
         let msg = self.number(&destination, message);
         let lsn = self.lsn;
-        let holders = self.route(sender, &destination, msg.clone(), lsn);
+        let holders = self.route(sender, &destination, msg.clone(), lsn, true);
         if !holders.is_empty() {
             let logged = self.log(Record::Store {
                 message: msg,
@@ -814,13 +852,16 @@ impl Engine {
     }
 
     /// Puts a numbered message into every queue its destination reaches; returns the durable
-    /// queues holding it (to be logged at `lsn` by the caller).
+    /// queues holding it (to be logged at `lsn` by the caller). With `may_spill`, a
+    /// non-persistent message for a queue that pages is written to the log as a `Spill` record
+    /// (it has no holders, so the caller logs nothing at `lsn` for it).
     fn route(
         &mut self,
         sender: ConnId,
         destination: &Destination,
         msg: Arc<Message>,
         lsn: u64,
+        may_spill: bool,
     ) -> Vec<QueueKey> {
         let targets: Vec<QueueId> = match destination {
             Destination::Queue(name) => vec![self.queue_for(QueueKey::Queue(name.clone()))],
@@ -855,13 +896,30 @@ impl Engine {
                     continue;
                 }
             }
-            let queue = self.queue_mut(q);
-            let key = queue.key.clone();
-            queue.push(Entry {
+            let entry = Entry {
                 msg: msg.clone(),
                 deliveries: 0,
                 redelivered: false,
-            });
+            };
+            let key = self.queue(q).key.clone();
+            let durable_here = durable_msg && key.is_durable_kind();
+            if (durable_here || may_spill) && self.should_page(q, &msg) {
+                // A non-persistent message has no holders, so the caller logs nothing for it:
+                // each queue it pages into gets its own spill record (their lifetimes differ).
+                let spill = (!durable_here).then(|| {
+                    self.log(Record::Spill {
+                        message: msg.clone(),
+                    })
+                });
+                self.push_tail(q, entry, spill);
+                if durable_here {
+                    holders.push(key);
+                }
+                self.to_dispatch.insert(q);
+                continue;
+            }
+            let queue = self.queue_mut(q);
+            queue.push(entry);
             if let QueueKey::TopicSub { .. } = key {
                 if queue.ready_len() > pending_max {
                     queue.pop();
@@ -1050,7 +1108,7 @@ impl Engine {
         let mut stores = Vec::new();
         for (destination, message) in tx.sends {
             let msg = self.number(&destination, message);
-            let holders = self.route(conn, &destination, msg.clone(), lsn);
+            let holders = self.route(conn, &destination, msg.clone(), lsn, false);
             if !holders.is_empty() {
                 stores.push((msg, holders));
             }
@@ -1177,13 +1235,15 @@ impl Engine {
                 self.delayed_queues.remove(&q);
             }
         }
+        self.fire_due();
         self.finish();
         out.append(&mut self.out);
     }
 
-    /// Whether any redelivery is waiting for its delay.
+    /// Whether any redelivery is waiting for its delay, or a scheduled message for its time:
+    /// the caller should `tick` soon.
     pub fn has_delayed(&self) -> bool {
-        !self.delayed_queues.is_empty()
+        !self.delayed_queues.is_empty() || !self.schedule_due.is_empty()
     }
 
     /// An expired message leaves its queue: dropped, or moved to the DLQ when configured (a
@@ -1283,6 +1343,10 @@ impl Engine {
 
     /// Hands ready messages to consumers with prefetch credit, round-robin.
     fn dispatch(&mut self, q: QueueId) {
+        if self.queue(q).consumers.is_empty() {
+            return;
+        }
+        self.page_in(q);
         let queue = self.queues[q].as_ref().expect("live queue");
         let selective = queue.grouped_waiting > 0
             || queue
@@ -1293,6 +1357,10 @@ impl Engine {
             return self.dispatch_selective(q);
         }
         loop {
+            let queue = self.queues[q].as_ref().expect("live queue");
+            if queue.is_ready_empty() && queue.is_paging() && !queue.consumers.is_empty() {
+                self.page_in(q);
+            }
             let queue = self.queues[q].as_ref().expect("live queue");
             if queue.is_ready_empty() || queue.consumers.is_empty() {
                 return;
@@ -1440,7 +1508,7 @@ impl Engine {
 
     fn add_queue(&mut self, key: QueueKey) -> QueueId {
         assert!(!self.queue_ids.contains_key(&key), "queue {key:?} exists");
-        let queue = Queue::new(key.clone());
+        let queue = Queue::new(key.clone(), self.hot_bytes_total.clone());
         let q = match self.free_queue_ids.pop() {
             Some(q) => {
                 self.queues[q] = Some(queue);
@@ -1475,6 +1543,7 @@ impl Engine {
         self.queue_ids.remove(&queue.key);
         self.free_queue_ids.push(q);
         self.to_dispatch.remove(&q);
+        self.paging_queues.remove(&q);
         queue
     }
 
@@ -1640,9 +1709,15 @@ impl Engine {
     /// Everything a durable queue holds is released from it (no remove records: the caller's
     /// own record says the queue is gone).
     fn drop_durable_messages(&mut self, q: QueueId) {
-        let entries = self.queue_mut(q).drain_all();
+        let drained = self.queue_mut(q).drain_all();
+        for (lsn, seq) in drained.spilled {
+            self.live.remove(lsn, &LiveObject::Message(seq));
+        }
+        for (seq, cref) in drained.cold {
+            self.live.remove(cref.lsn, &LiveObject::Message(seq));
+        }
         let key = self.queue(q).key.clone();
-        for e in entries {
+        for e in drained.entries {
             if let Some(stored) = self.stored.get_mut(&e.msg.seq) {
                 stored.holders.retain(|h| *h != key);
                 if stored.holders.is_empty() {
@@ -1694,12 +1769,65 @@ impl Engine {
                 self.apply_durable_unsubscribe(&client_id, &name)
             }
             Record::Checkpoint { next_seq } => self.next_seq = self.next_seq.max(next_seq),
+            // Non-persistent messages do not survive a restart.
+            Record::Spill { message } => self.next_seq = self.next_seq.max(message.seq + 1),
+            Record::Schedule { message, state } => self.replay_schedule(message, state, lsn),
+            Record::Fire {
+                schedule,
+                message,
+                holders,
+                next,
+            } => {
+                self.replay_fire(schedule, next, lsn);
+                self.replay_store(message, holders, lsn);
+            }
         }
         Ok(())
     }
 
     fn replay_store(&mut self, msg: Arc<Message>, holders: Vec<QueueKey>, lsn: u64) {
         self.next_seq = self.next_seq.max(msg.seq + 1);
+        if !self.stored.contains_key(&msg.seq) {
+            // Paged out earlier in the replay? Compaction re-logs with the same holder; a move
+            // to the DLQ names the new one, so look where it was sent too.
+            let mut hint: Vec<QueueId> = holders
+                .iter()
+                .filter_map(|k| self.queue_ids.get(k).copied())
+                .collect();
+            if let Destination::Queue(name) = &msg.destination {
+                if let Some(&q) = self.queue_ids.get(&QueueKey::Queue(name.clone())) {
+                    hint.push(q);
+                }
+            }
+            if let Some(q) = self.find_paged(msg.seq, &hint) {
+                let cref = self
+                    .queue_mut(q)
+                    .remove_cold(&msg.seq)
+                    .expect("replay pages to cold");
+                self.live.remove(cref.lsn, &LiveObject::Message(msg.seq));
+                let key = self.queue(q).key.clone();
+                if holders == [key.clone()] {
+                    // Re-logged in place: still paged out, described by the new record.
+                    self.queue_mut(q)
+                        .insert_cold(msg.seq, paging::paging_ref(lsn, &msg));
+                    self.live.insert(lsn, LiveObject::Message(msg.seq));
+                    return;
+                }
+                // Moved on: bring it back as held by `q` and let the general path move it.
+                self.queue_mut(q).push(Entry {
+                    msg: msg.clone(),
+                    deliveries: 0,
+                    redelivered: false,
+                });
+                self.track_store(msg.clone(), vec![key], cref.lsn);
+            }
+        }
+        if holders.len() == 1 && !self.stored.contains_key(&msg.seq) {
+            let q = self.queue_for(holders[0].clone());
+            if self.replay_page_out(q, &msg, lsn) {
+                return;
+            }
+        }
         let old: Vec<QueueKey> = self
             .stored
             .get(&msg.seq)
@@ -1728,6 +1856,11 @@ impl Engine {
 
     fn replay_remove(&mut self, key: &QueueKey, seq: u64) {
         let Some(stored) = self.stored.get(&seq) else {
+            if let Some(&q) = self.queue_ids.get(key) {
+                if let Some(cref) = self.queue_mut(q).remove_cold(&seq) {
+                    self.live.remove(cref.lsn, &LiveObject::Message(seq));
+                }
+            }
             return;
         };
         let msg = stored.msg.clone();
@@ -1787,8 +1920,14 @@ impl Engine {
         self.lsn = ctx.next_lsn;
         let objects = self.live.below(lsn_limit, max);
         let n = objects.len();
-        for (_, object) in objects {
+        for (lsn, object) in objects {
             match object {
+                LiveObject::Message(seq) if self.schedules.contains_key(&seq) => {
+                    self.relocate_schedule(seq);
+                }
+                LiveObject::Message(seq) if !self.stored.contains_key(&seq) => {
+                    self.relocate_paged(seq, lsn);
+                }
                 LiveObject::Message(seq) => {
                     let stored = &self.stored[&seq];
                     let (msg, holders) = (stored.msg.clone(), stored.holders.clone());
@@ -1832,7 +1971,7 @@ impl Engine {
             .flatten()
             .map(|q| QueueStats {
                 key: q.key.clone(),
-                ready: q.ready_len(),
+                ready: q.waiting_len(),
                 inflight: q.inflight.len(),
                 consumers: q.consumers.len(),
             })
@@ -1853,6 +1992,13 @@ impl Engine {
         for (seq, s) in &self.stored {
             for h in &s.holders {
                 m.entry(h.clone()).or_default().insert(*seq);
+            }
+        }
+        for q in self.queues.iter().flatten() {
+            for (seq, cref) in &q.cold {
+                if !cref.spilled {
+                    m.entry(q.key.clone()).or_default().insert(*seq);
+                }
             }
         }
         m
@@ -1901,6 +2047,14 @@ impl Engine {
             .flatten()
             .filter(|q| matches!(q.key, QueueKey::Durable { .. }))
             .count();
-        assert_eq!(self.live.len(), self.stored.len() + subs);
+        assert_eq!(
+            self.live.len(),
+            self.stored.len() + subs + self.paged_live_count() + self.schedules.len()
+        );
+        for (q, queue) in self.queues.iter().enumerate() {
+            if queue.as_ref().is_some_and(|queue| queue.is_paging()) {
+                assert!(self.paging_queues.contains(&q), "paging queue not tracked");
+            }
+        }
     }
 }

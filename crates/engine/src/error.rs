@@ -43,6 +43,12 @@ pub enum EngineError {
     WildcardSend(String),
     #[error("'{0}': wildcard consumers are supported on topics only (queue wildcards are not built yet)")]
     WildcardQueue(String),
+    #[error("bad schedule: {0}")]
+    BadSchedule(String),
+    #[error("too many scheduled messages held (limit {0})")]
+    TooManyScheduled(usize),
+    #[error("scheduled messages (AMQ_SCHEDULED_*) cannot be sent in a transaction")]
+    ScheduledInTransaction,
     #[error("temporary destination belongs to another connection")]
     NotOwner,
     #[error(transparent)]

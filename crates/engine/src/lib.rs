@@ -16,6 +16,7 @@
 
 mod command;
 mod config;
+pub mod cron;
 mod effect;
 mod engine;
 mod error;
@@ -27,12 +28,12 @@ pub mod selector;
 mod types;
 
 pub use command::{AckRef, Command, NewMessage, SubscribeOptions};
-pub use config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
+pub use config::{DestinationLimits, DlqPolicy, EngineConfig, RedeliveryPolicy};
 pub use effect::{Delivery, Effect, Output};
-pub use engine::{Ctx, Engine, QueueStats};
+pub use engine::{Ctx, Engine, MemoryStats, MessageLoader, QueueStats};
 pub use error::EngineError;
 pub use message::Message;
-pub use record::Record;
+pub use record::{Record, ScheduleState};
 pub use types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination,
     DestinationError, QueueKey,

@@ -3,7 +3,11 @@
 //! Every durable object — a stored message, a durable subscription — is described in full by
 //! one record at a known LSN. The lowest such LSN bounds what the log must keep: segments
 //! wholly below it can be deleted, and compaction re-logs the objects in an old, sparse
-//! segment so that segment can go too.
+//! segment so that segment can go too. Spilled non-persistent messages (see `paging`) count
+//! too while their only copy is in the log.
+//!
+//! Messages are kept as bare `(lsn, seq)` pairs: with a deep backlog paged out to disk this set
+//! is most of the memory a message costs (about 20 bytes each in the B-tree).
 
 use std::collections::BTreeSet;
 
@@ -15,48 +19,73 @@ pub(crate) enum LiveObject {
 
 #[derive(Default, Debug)]
 pub(crate) struct LiveSet {
-    by_lsn: BTreeSet<(u64, LiveObject)>,
+    messages: BTreeSet<(u64, u64)>,
+    subs: BTreeSet<(u64, String, String)>,
 }
 
 impl LiveSet {
     pub fn insert(&mut self, lsn: u64, object: LiveObject) {
-        let fresh = self.by_lsn.insert((lsn, object));
+        let fresh = match object {
+            LiveObject::Message(seq) => self.messages.insert((lsn, seq)),
+            LiveObject::DurableSub { client_id, name } => self.subs.insert((lsn, client_id, name)),
+        };
         assert!(fresh, "live object recorded twice at one lsn");
     }
 
     pub fn remove(&mut self, lsn: u64, object: &LiveObject) {
-        let found = self.by_lsn.remove(&(lsn, object.clone()));
+        let found = match object {
+            LiveObject::Message(seq) => self.messages.remove(&(lsn, *seq)),
+            LiveObject::DurableSub { client_id, name } => {
+                self.subs.remove(&(lsn, client_id.clone(), name.clone()))
+            }
+        };
         assert!(found, "live object {object:?} not at lsn {lsn}");
     }
 
     pub fn min_lsn(&self) -> Option<u64> {
-        self.by_lsn.first().map(|(lsn, _)| *lsn)
+        let m = self.messages.first().map(|(lsn, _)| *lsn);
+        let s = self.subs.first().map(|(lsn, _, _)| *lsn);
+        match (m, s) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.by_lsn.len()
+        self.messages.len() + self.subs.len()
     }
 
     /// Up to `max` objects whose describing record is below `lsn`, durable subscriptions first
     /// (a re-logged message may name one as a holder).
     pub fn below(&self, lsn: u64, max: usize) -> Vec<(u64, LiveObject)> {
-        let mut subs = Vec::new();
-        let mut messages = Vec::new();
-        for (l, o) in self.by_lsn.range(..(lsn, LiveObject::Message(0))) {
-            match o {
-                LiveObject::DurableSub { .. } => subs.push((*l, o.clone())),
-                LiveObject::Message(_) if messages.len() < max => messages.push((*l, o.clone())),
-                LiveObject::Message(_) => {}
-            }
-        }
-        subs.extend(messages);
-        subs.truncate(max.max(1));
-        subs
+        let mut out: Vec<(u64, LiveObject)> = self
+            .subs
+            .range(..(lsn, String::new(), String::new()))
+            .map(|(l, c, n)| {
+                let sub = LiveObject::DurableSub {
+                    client_id: c.clone(),
+                    name: n.clone(),
+                };
+                (*l, sub)
+            })
+            .collect();
+        let room = max.saturating_sub(out.len());
+        out.extend(
+            self.messages
+                .range(..(lsn, 0))
+                .take(room)
+                .map(|(l, seq)| (*l, LiveObject::Message(*seq))),
+        );
+        out.truncate(max.max(1));
+        out
     }
 
     pub fn count_in(&self, lo: u64, hi: u64) -> usize {
-        self.by_lsn
-            .range((lo, LiveObject::Message(0))..(hi, LiveObject::Message(0)))
-            .count()
+        let m = self.messages.range((lo, 0)..(hi, 0)).count();
+        let s = self
+            .subs
+            .range((lo, String::new(), String::new())..(hi, String::new(), String::new()))
+            .count();
+        m + s
     }
 }

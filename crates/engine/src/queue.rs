@@ -7,6 +7,7 @@ use crate::selector::Selector;
 use crate::types::{ConnId, QueueKey};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) type QueueId = usize;
@@ -18,6 +19,35 @@ pub(crate) struct Entry {
     pub deliveries: u32,
     /// May have been delivered before this broker knew (recovered from the log).
     pub redelivered: bool,
+}
+
+/// A waiting message whose only copy is in the log (paged out): where to read it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ColdRef {
+    /// The record describing the message (a `Store`, `Commit` or `Spill`).
+    pub lsn: u64,
+    /// Its `size_bytes`, so limits can count it without reading it.
+    pub bytes: u32,
+    /// A non-persistent message spilled to the log: gone after a restart, and its record is
+    /// kept alive only while it is paged out.
+    pub spilled: bool,
+    /// Recovered from the log after a restart: may have been delivered before.
+    pub recovered: bool,
+}
+
+/// A message that arrived while the queue was paging, kept in memory until its record is
+/// durable (and so readable back) or until consumers reach it.
+#[derive(Debug)]
+pub(crate) struct TailEntry {
+    pub entry: Entry,
+    /// The `Spill` record of a non-persistent message; persistent ones are found in `stored`.
+    pub spill_lsn: Option<u64>,
+}
+
+/// Where the next message in arrival order behind the in-memory window is.
+pub(crate) enum Paged {
+    Tail(u64),
+    Cold(u64, ColdRef),
 }
 
 #[derive(Debug)]
@@ -53,10 +83,20 @@ pub(crate) struct Queue {
     /// Failed deliveries held back by the redelivery delay: (due time, seq) → entry.
     delayed: BTreeMap<(u64, u64), Entry>,
     delayed_at: HashMap<u64, u64>,
+    /// Paged out, by seq (arrival order): they come after everything in `ready`.
+    pub cold: BTreeMap<u64, ColdRef>,
+    /// Arrived while paging, by seq; merged with `cold` in seq order when paged in.
+    pub tail: BTreeMap<u64, TailEntry>,
+    /// `size_bytes` of the messages in `ready`.
+    ready_bytes: u64,
+    /// `size_bytes` of the messages in `cold` and `tail`.
+    paged_bytes: u64,
+    /// The same, summed over every queue of the engine (shared counter).
+    hot_bytes_total: Arc<AtomicU64>,
 }
 
 impl Queue {
-    pub fn new(key: QueueKey) -> Queue {
+    pub fn new(key: QueueKey, hot_bytes_total: Arc<AtomicU64>) -> Queue {
         Queue {
             key,
             ready: BTreeMap::new(),
@@ -70,7 +110,83 @@ impl Queue {
             grouped_waiting: 0,
             delayed: BTreeMap::new(),
             delayed_at: HashMap::new(),
+            cold: BTreeMap::new(),
+            tail: BTreeMap::new(),
+            ready_bytes: 0,
+            paged_bytes: 0,
+            hot_bytes_total,
         }
+    }
+
+    fn add_ready_bytes(&mut self, bytes: u64) {
+        self.ready_bytes += bytes;
+        self.hot_bytes_total.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn sub_ready_bytes(&mut self, bytes: u64) {
+        assert!(self.ready_bytes >= bytes, "ready bytes underflow");
+        self.ready_bytes -= bytes;
+        self.hot_bytes_total.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    pub fn ready_bytes(&self) -> u64 {
+        self.ready_bytes
+    }
+
+    pub fn insert_cold(&mut self, seq: u64, cref: ColdRef) -> Option<ColdRef> {
+        self.paged_bytes += u64::from(cref.bytes);
+        let old = self.cold.insert(seq, cref);
+        assert!(old.is_none(), "message paged out twice");
+        old
+    }
+
+    pub fn remove_cold(&mut self, seq: &u64) -> Option<ColdRef> {
+        let cref = self.cold.remove(seq)?;
+        self.paged_bytes -= u64::from(cref.bytes);
+        Some(cref)
+    }
+
+    pub fn insert_tail(&mut self, seq: u64, t: TailEntry) -> Option<TailEntry> {
+        self.paged_bytes += t.entry.msg.size_bytes() as u64;
+        self.tail.insert(seq, t)
+    }
+
+    pub fn remove_tail(&mut self, seq: &u64) -> Option<TailEntry> {
+        let t = self.tail.remove(seq)?;
+        self.paged_bytes -= t.entry.msg.size_bytes() as u64;
+        Some(t)
+    }
+
+    /// Bytes of waiting messages, in memory or paged out (what a destination's `bytes_max`
+    /// limits).
+    pub fn waiting_bytes(&self) -> u64 {
+        self.ready_bytes + self.paged_bytes
+    }
+
+    /// Messages wait behind paged-out ones: new arrivals must queue in `tail`.
+    pub fn is_paging(&self) -> bool {
+        !self.cold.is_empty() || !self.tail.is_empty()
+    }
+
+    /// The earliest paged message (cold or tail), by arrival order.
+    pub fn next_paged(&self) -> Option<Paged> {
+        let c = self.cold.first_key_value().map(|(s, r)| (*s, *r));
+        let t = self.tail.first_key_value().map(|(s, _)| *s);
+        match (c, t) {
+            (Some((cs, r)), Some(ts)) if cs < ts => Some(Paged::Cold(cs, r)),
+            (_, Some(ts)) => Some(Paged::Tail(ts)),
+            (Some((cs, r)), None) => Some(Paged::Cold(cs, r)),
+            (None, None) => None,
+        }
+    }
+
+    /// Messages held in any state.
+    pub fn held_len(&self) -> usize {
+        self.ready.len()
+            + self.inflight.len()
+            + self.delayed.len()
+            + self.cold.len()
+            + self.tail.len()
     }
 
     pub fn push(&mut self, entry: Entry) {
@@ -78,6 +194,7 @@ impl Queue {
         if entry.msg.group().is_some() {
             self.grouped_waiting += 1;
         }
+        self.add_ready_bytes(entry.msg.size_bytes() as u64);
         let old = self.ready.insert(key, entry);
         assert!(old.is_none(), "message queued twice");
     }
@@ -98,12 +215,15 @@ impl Queue {
         if e.msg.group().is_some() {
             self.grouped_waiting -= 1;
         }
+        self.sub_ready_bytes(e.msg.size_bytes() as u64);
     }
 
     pub fn contains(&self, msg: &Message) -> bool {
         self.ready.contains_key(&(Reverse(msg.priority), msg.seq))
             || self.inflight.contains_key(&msg.seq)
             || self.delayed_at.contains_key(&msg.seq)
+            || self.cold.contains_key(&msg.seq)
+            || self.tail.contains_key(&msg.seq)
     }
 
     /// Holds a failed delivery back until `ready_at_ms` (redelivery delay).
@@ -137,6 +257,11 @@ impl Queue {
         self.ready.len()
     }
 
+    /// Waiting for a consumer, in memory or paged out.
+    pub fn waiting_len(&self) -> usize {
+        self.ready.len() + self.cold.len() + self.tail.len()
+    }
+
     pub fn is_ready_empty(&self) -> bool {
         self.ready.is_empty()
     }
@@ -154,14 +279,46 @@ impl Queue {
         self.ready.values_mut()
     }
 
-    /// Every message held, waiting or in flight.
-    pub fn drain_all(&mut self) -> Vec<Entry> {
-        let mut all: Vec<Entry> = std::mem::take(&mut self.ready).into_values().collect();
-        all.extend(std::mem::take(&mut self.delayed).into_values());
+    /// Every message held, waiting or in flight, in memory; and those paged out.
+    pub fn drain_all(&mut self) -> Drained {
+        let ready = std::mem::take(&mut self.ready);
+        let bytes = self.ready_bytes;
+        self.sub_ready_bytes(bytes);
+        let mut entries: Vec<Entry> = ready.into_values().collect();
+        entries.extend(std::mem::take(&mut self.delayed).into_values());
         self.delayed_at.clear();
         self.grouped_waiting = 0;
         self.groups.clear();
-        all.extend(self.inflight.drain().map(|(_, f)| f.entry));
-        all
+        entries.extend(self.inflight.drain().map(|(_, f)| f.entry));
+        let mut spilled = Vec::new();
+        for (seq, t) in std::mem::take(&mut self.tail) {
+            if let Some(lsn) = t.spill_lsn {
+                spilled.push((lsn, seq));
+            }
+            entries.push(t.entry);
+        }
+        let cold = std::mem::take(&mut self.cold).into_iter().collect();
+        self.paged_bytes = 0;
+        Drained {
+            entries,
+            spilled,
+            cold,
+        }
+    }
+}
+
+/// What `Queue::drain_all` took out.
+pub(crate) struct Drained {
+    pub entries: Vec<Entry>,
+    /// (lsn, seq) of spilled messages among `entries` whose record is still live.
+    pub spilled: Vec<(u64, u64)>,
+    pub cold: Vec<(u64, ColdRef)>,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // The shared total must not keep counting a queue that is gone.
+        self.hot_bytes_total
+            .fetch_sub(self.ready_bytes, Ordering::Relaxed);
     }
 }

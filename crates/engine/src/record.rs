@@ -43,6 +43,37 @@ pub enum Record {
     Checkpoint {
         next_seq: u64,
     },
+    /// A non-persistent message paged out of memory (the log as temporary store). Replay
+    /// ignores it: non-persistent messages do not survive a restart.
+    Spill {
+        message: Arc<Message>,
+    },
+    /// A scheduled message (`AMQ_SCHEDULED_*`), held by the scheduler until `due_ms`.
+    Schedule {
+        message: Arc<Message>,
+        state: ScheduleState,
+    },
+    /// Schedule `schedule` fired: `message` (a fresh copy) is now held by `holders`, and the
+    /// schedule continues with `next` or, if None, is finished. One record, so a crash can
+    /// neither lose a firing nor repeat it.
+    Fire {
+        schedule: u64,
+        message: Arc<Message>,
+        holders: Vec<QueueKey>,
+        next: Option<ScheduleState>,
+    },
+}
+
+/// Where a scheduled message's timetable stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleState {
+    /// When it fires next, ms since the Unix epoch.
+    pub due_ms: u64,
+    /// Firings left after the next one in this round (`AMQ_SCHEDULED_REPEAT`); -1 = forever.
+    pub repeats_left: i64,
+    /// For cron schedules, the cron time that started this round (the next round starts at the
+    /// first cron time after it); 0 otherwise.
+    pub anchor_ms: u64,
 }
 
 const TAG_STORE: u8 = 1;
@@ -51,6 +82,9 @@ const TAG_COMMIT: u8 = 3;
 const TAG_DURABLE_SUBSCRIBE: u8 = 4;
 const TAG_DURABLE_UNSUBSCRIBE: u8 = 5;
 const TAG_CHECKPOINT: u8 = 6;
+const TAG_SPILL: u8 = 7;
+const TAG_SCHEDULE: u8 = 8;
+const TAG_FIRE: u8 = 9;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("undecodable log record at byte {offset}: {reason}")]
@@ -115,6 +149,46 @@ impl Record {
                 out.push(TAG_CHECKPOINT);
                 put_u64(out, *next_seq);
             }
+            Record::Spill { message } => {
+                out.push(TAG_SPILL);
+                put_any_message(out, message);
+            }
+            Record::Schedule { message, state } => {
+                out.push(TAG_SCHEDULE);
+                put_any_message(out, message);
+                put_schedule(out, state);
+            }
+            Record::Fire {
+                schedule,
+                message,
+                holders,
+                next,
+            } => {
+                out.push(TAG_FIRE);
+                put_u64(out, *schedule);
+                put_any_message(out, message);
+                put_holders(out, holders);
+                match next {
+                    None => out.push(0),
+                    Some(state) => {
+                        out.push(1);
+                        put_schedule(out, state);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The message numbered `seq` that this record carries, if any: what a paged-out message
+    /// is read back from.
+    pub fn message_with_seq(&self, seq: u64) -> Option<&Arc<Message>> {
+        match self {
+            Record::Store { message, .. }
+            | Record::Spill { message }
+            | Record::Schedule { message, .. }
+            | Record::Fire { message, .. } => Some(message).filter(|m| m.seq == seq),
+            Record::Commit { stores, .. } => stores.iter().map(|(m, _)| m).find(|m| m.seq == seq),
+            _ => None,
         }
     }
 
@@ -171,6 +245,23 @@ impl Record {
                 name: r.string()?,
             },
             TAG_CHECKPOINT => Record::Checkpoint { next_seq: r.u64()? },
+            TAG_SPILL => Record::Spill {
+                message: Arc::new(r.any_message()?),
+            },
+            TAG_SCHEDULE => Record::Schedule {
+                message: Arc::new(r.any_message()?),
+                state: r.schedule()?,
+            },
+            TAG_FIRE => Record::Fire {
+                schedule: r.u64()?,
+                message: Arc::new(r.any_message()?),
+                holders: r.holders()?,
+                next: match r.u8()? {
+                    0 => None,
+                    1 => Some(r.schedule()?),
+                    _ => return Err(r.err("bad schedule flag")),
+                },
+            },
             _ => return Err(r.err("unknown record tag")),
         };
         if r.pos != bytes.len() {
@@ -178,6 +269,12 @@ impl Record {
         }
         Ok(record)
     }
+}
+
+fn put_schedule(out: &mut Vec<u8>, s: &ScheduleState) {
+    put_u64(out, s.due_ms);
+    put_u64(out, s.repeats_left as u64);
+    put_u64(out, s.anchor_ms);
 }
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {
@@ -216,7 +313,17 @@ fn put_holders(out: &mut Vec<u8>, holders: &[QueueKey]) {
 }
 
 fn put_message(out: &mut Vec<u8>, m: &Message) {
-    assert!(m.persistent, "only persistent messages are logged");
+    assert!(m.persistent, "only persistent messages are stored");
+    put_message_fields(out, m);
+}
+
+/// A message that may be non-persistent (spilled, scheduled, a scheduled copy): flag first.
+fn put_any_message(out: &mut Vec<u8>, m: &Message) {
+    out.push(u8::from(m.persistent));
+    put_message_fields(out, m);
+}
+
+fn put_message_fields(out: &mut Vec<u8>, m: &Message) {
     put_u64(out, m.seq);
     put_str(out, &m.id);
     match &m.destination {
@@ -299,10 +406,30 @@ impl<'a> Reader<'a> {
             _ => Err(self.err("unknown queue kind")),
         }
     }
+    fn schedule(&mut self) -> Result<ScheduleState, RecordError> {
+        Ok(ScheduleState {
+            due_ms: self.u64()?,
+            repeats_left: self.u64()? as i64,
+            anchor_ms: self.u64()?,
+        })
+    }
+
     fn holders(&mut self) -> Result<Vec<QueueKey>, RecordError> {
         let n = self.count(5)?;
         (0..n).map(|_| self.queue()).collect()
     }
+    fn any_message(&mut self) -> Result<Message, RecordError> {
+        let persistent = match self.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(self.err("bad persistent flag")),
+        };
+        Ok(Message {
+            persistent,
+            ..self.message()?
+        })
+    }
+
     fn message(&mut self) -> Result<Message, RecordError> {
         let seq = self.u64()?;
         let id = self.string()?;
@@ -368,6 +495,10 @@ mod tests {
                 Record::DurableSubscribe { client_id: hk.clone(), name: hv.clone(), topic: "t".into(), selector: Some("a = 1".into()) },
                 Record::DurableUnsubscribe { client_id: hk, name: hv },
                 Record::Checkpoint { next_seq: seq },
+                Record::Spill { message: m.clone() },
+                Record::Schedule { message: m.clone(), state: ScheduleState { due_ms: seq, repeats_left: -1, anchor_ms: 7 } },
+                Record::Fire { schedule: seq, message: m.clone(), holders: vec![QueueKey::Queue("b".into())], next: None },
+                Record::Fire { schedule: 1, message: m, holders: Vec::new(), next: Some(ScheduleState { due_ms: 5, repeats_left: 3, anchor_ms: 0 }) },
             ];
             for r in records {
                 let bytes = r.to_bytes();

@@ -166,6 +166,22 @@ pub enum QueueKey {
     Temp { owner: ConnId, name: String },
 }
 
+impl fmt::Display for QueueKey {
+    /// How logs and ERROR frames name it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueKey::Queue(n) => write!(f, "/queue/{n}"),
+            QueueKey::Durable { client_id, name } => {
+                write!(f, "durable subscription {client_id}/{name}")
+            }
+            QueueKey::TopicSub { conn, sub_id } => {
+                write!(f, "topic subscription {sub_id} of connection {conn}")
+            }
+            QueueKey::Temp { owner, name } => write!(f, "temporary queue {name} of {owner}"),
+        }
+    }
+}
+
 impl QueueKey {
     pub fn is_durable_kind(&self) -> bool {
         matches!(self, QueueKey::Queue(_) | QueueKey::Durable { .. })

@@ -290,13 +290,19 @@ fn dlq_key() -> QueueKey {
 }
 
 impl Model {
-    fn new() -> Model {
+    /// `memory_bytes_max`: Some = the engine pages waiting messages out beyond it.
+    fn new(memory_bytes_max: Option<u64>) -> Model {
         let cfg = EngineConfig {
             redeliveries_max: REDELIVERIES_MAX,
+            memory_bytes_max: memory_bytes_max.unwrap_or(u64::MAX),
             ..EngineConfig::default()
         };
+        let h = match memory_bytes_max {
+            Some(_) => Harness::with_paging(cfg),
+            None => Harness::new(cfg),
+        };
         Model {
-            h: Harness::new(cfg),
+            h,
             slots: Default::default(),
             stale: [1_000, 1_001, 1_002, 1_003],
             next_conn: 1,
@@ -1294,8 +1300,16 @@ fn settle(c: &mut ConnModel, tag: u64) -> Outstanding {
     o
 }
 
+/// Waiting bytes kept in memory in the paging variant: a few small messages, so that most
+/// runs page messages out and back (and compact and recover them).
+const PAGING_MEMORY_BYTES_MAX: u64 = 300;
+
 fn run(ops: &[Op]) {
-    let mut m = Model::new();
+    run_with(ops, None)
+}
+
+fn run_with(ops: &[Op], memory_bytes_max: Option<u64>) {
+    let mut m = Model::new(memory_bytes_max);
     for op in ops {
         m.step(op);
         m.check();
@@ -1315,6 +1329,15 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..200)
     ) {
         run(&ops);
+    }
+
+    /// The same model with a tiny memory budget: messages are paged out to the log and read
+    /// back, spilled when non-persistent, compacted and recovered while paged out.
+    #[test]
+    fn paging_keeps_the_model_when_memory_is_tiny(
+        ops in proptest::collection::vec(op(), 1..200)
+    ) {
+        run_with(&ops, Some(PAGING_MEMORY_BYTES_MAX));
     }
 }
 

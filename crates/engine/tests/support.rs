@@ -5,6 +5,26 @@
 
 use bytes::Bytes;
 use haven_engine::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// The log as the loader sees it: records by LSN, deleted when the log is truncated, so a read
+/// of a record the engine let go of fails the test.
+type Disk = Arc<Mutex<BTreeMap<u64, Vec<u8>>>>;
+
+struct DiskLoader(Disk);
+
+impl MessageLoader for DiskLoader {
+    fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
+        let disk = self.0.lock().unwrap();
+        let bytes = disk.get(&lsn).ok_or(format!("record {lsn} was deleted"))?;
+        let record = Record::decode(bytes).map_err(|e| e.to_string())?;
+        record
+            .message_with_seq(seq)
+            .cloned()
+            .ok_or(format!("record {lsn} does not carry message {seq}"))
+    }
+}
 
 pub struct Harness {
     pub engine: Engine,
@@ -12,6 +32,8 @@ pub struct Harness {
     pub next_lsn: u64,
     pub now_ms: u64,
     pub cfg: EngineConfig,
+    /// With paging: the loader's view of the log (every appended record is durable at once).
+    disk: Option<Disk>,
 }
 
 impl Harness {
@@ -22,6 +44,31 @@ impl Harness {
             next_lsn: 1,
             now_ms: 1_000,
             cfg,
+            disk: None,
+        }
+    }
+
+    /// A harness whose engine pages messages out beyond `cfg.memory_bytes_max`, reading them
+    /// back from the harness's log.
+    pub fn with_paging(cfg: EngineConfig) -> Harness {
+        let mut h = Harness::new(cfg);
+        let disk: Disk = Arc::default();
+        h.engine.set_loader(Box::new(DiskLoader(disk.clone())));
+        h.disk = Some(disk);
+        h
+    }
+
+    fn appended(&mut self, lsn: u64, bytes: &[u8]) {
+        if let Some(disk) = &self.disk {
+            disk.lock().unwrap().insert(lsn, bytes.to_vec());
+            self.engine.set_durable_lsn(lsn + 1);
+        }
+    }
+
+    fn truncated(&mut self, keep_from: u64) {
+        self.log.retain(|(lsn, _)| *lsn >= keep_from);
+        if let Some(disk) = &self.disk {
+            disk.lock().unwrap().retain(|lsn, _| *lsn >= keep_from);
         }
     }
 
@@ -39,6 +86,7 @@ impl Harness {
                 Output::Log(r) => {
                     let bytes = r.to_bytes();
                     assert_eq!(Record::decode(&bytes).unwrap(), r);
+                    self.appended(self.next_lsn, &bytes);
                     self.log.push((self.next_lsn, bytes));
                     self.next_lsn += 1;
                 }
@@ -56,6 +104,7 @@ impl Harness {
             assert!(out.is_empty(), "an error must output nothing");
         }
         let effects = self.absorb(out);
+        assert_eq!(self.engine.take_fatal(), None);
         self.engine.check_invariants();
         r.map(|_| effects)
     }
@@ -152,6 +201,10 @@ impl Harness {
     /// compare without losing its connections).
     pub fn recovered_engine(&self) -> Engine {
         let mut e = Engine::new(self.cfg.clone());
+        if let Some(disk) = &self.disk {
+            e.set_loader(Box::new(DiskLoader(disk.clone())));
+            e.set_durable_lsn(self.next_lsn);
+        }
         for (lsn, bytes) in &self.log {
             e.replay(*lsn, Record::decode(bytes).unwrap()).unwrap();
         }
@@ -181,6 +234,7 @@ impl Harness {
             if let Output::Log(r) = o {
                 let bytes = r.to_bytes();
                 assert_eq!(&Record::decode(&bytes).unwrap(), r);
+                self.appended(self.next_lsn, &bytes);
                 self.log.push((self.next_lsn, bytes));
                 self.next_lsn += 1;
             }
@@ -199,8 +253,21 @@ impl Harness {
         );
         assert_eq!(out.len(), n, "one record per relocated object");
         self.append_records(&out);
+        assert_eq!(self.engine.take_fatal(), None);
         self.engine.check_invariants();
         n
+    }
+
+    /// Advances the clock by `ms` and runs the engine's timers (redelivery delays, schedules).
+    pub fn tick(&mut self, ms: u64) -> Vec<Effect> {
+        self.now_ms += ms;
+        let mut out = Vec::new();
+        let ctx = self.ctx();
+        self.engine.tick(ctx, &mut out);
+        let effects = self.absorb(out);
+        assert_eq!(self.engine.take_fatal(), None);
+        self.engine.check_invariants();
+        effects
     }
 
     /// What the server's segment deletion does: log a `Checkpoint` of the message numbering
@@ -210,16 +277,18 @@ impl Harness {
             next_seq: self.engine.next_seq(),
         };
         let cp_lsn = self.next_lsn;
-        self.log.push((cp_lsn, checkpoint.to_bytes()));
+        let bytes = checkpoint.to_bytes();
+        self.appended(cp_lsn, &bytes);
+        self.log.push((cp_lsn, bytes));
         self.next_lsn += 1;
         let keep_from = self.engine.min_live_lsn().unwrap_or(cp_lsn).min(cp_lsn);
-        self.log.retain(|(lsn, _)| *lsn >= keep_from);
+        self.truncated(keep_from);
     }
 
     /// Deletes log records below the engine's live watermark (what segment deletion does).
     pub fn truncate_dead_prefix(&mut self) {
         let keep_from = self.engine.min_live_lsn().unwrap_or(self.next_lsn);
-        self.log.retain(|(lsn, _)| *lsn >= keep_from);
+        self.truncated(keep_from);
     }
 }
 

@@ -1,0 +1,425 @@
+//! Deep backlogs: waiting messages beyond a queue's (or the broker's) memory budget live only in
+//! the log, and are read back in batches when consumers reach them.
+//!
+//! A queue that pages keeps three runs of waiting messages, in arrival order:
+//! `ready` (in memory, dispatchable), then `cold` (only in the log: seq → where to read it) and
+//! `tail` (arrived while paging, in memory until its record is durable). New arrivals go to the
+//! tail while anything is paged out, so FIFO order holds across the boundary; priority is
+//! honoured within the in-memory window only (as ActiveMQ does without `prioritizedMessages`).
+//!
+//! What can be paged: messages held by exactly one named queue or durable subscription.
+//! Persistent ones are read back from their own `Store`/`Commit` record; non-persistent ones are
+//! first written as a `Spill` record (the log doubles as the temporary store), which replay
+//! ignores. A persistent message shared by several durable subscriptions stays in memory.
+//!
+//! Reading is the one input the engine cannot compute: the caller installs a
+//! [`MessageLoader`] and tells the engine how far the log is durable (only durable records can
+//! be read back). Without a loader nothing is paged. A read failure is fatal
+//! ([`Engine::take_fatal`]): a record the log acknowledged cannot be read back.
+
+use super::{Engine, Stored};
+use crate::live::LiveObject;
+use crate::message::Message;
+use crate::queue::{ColdRef, Entry, Paged, QueueId, TailEntry};
+use crate::types::{wildcard_matches, Destination, QueueKey};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A queue with fewer waiting messages in memory than this reads more back from the log.
+const PAGE_IN_LOW_MESSAGES: usize = 1_000;
+/// One page-in brings the in-memory window up to this many messages (or the byte budget).
+const PAGE_IN_HIGH_MESSAGES: usize = 4_000;
+/// Tail entries one call looks at when moving durable ones out of memory.
+const PAGE_OUT_SCAN_MAX: usize = 8_192;
+
+/// Reads a paged-out message back from the log.
+pub trait MessageLoader: Send {
+    /// The message numbered `seq` as described by the record at `lsn` (a `Store`, `Commit`,
+    /// `Spill` or `Fire`). An error means the log cannot give back what it acknowledged.
+    fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String>;
+}
+
+/// How much of the waiting backlog is in memory and how much only in the log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes of waiting messages in memory, over all queues.
+    pub hot_bytes: u64,
+    /// Messages paged out (only in the log).
+    pub paged_out: u64,
+    /// Messages read back from the log since start.
+    pub paged_in_total: u64,
+}
+
+/// A paged-out reference to a recovered persistent message described by the record at `lsn`.
+pub(super) fn paging_ref(lsn: u64, msg: &Message) -> ColdRef {
+    ColdRef {
+        lsn,
+        bytes: u32::try_from(msg.size_bytes()).unwrap_or(u32::MAX),
+        spilled: false,
+        recovered: true,
+    }
+}
+
+impl Engine {
+    /// Installs the reader of paged-out messages; paging is off until one is installed.
+    /// Install it before replay so that recovering a deep backlog stays within memory.
+    pub fn set_loader(&mut self, loader: Box<dyn MessageLoader>) {
+        self.loader = Some(loader);
+    }
+
+    /// Every record below `lsn` is durable (readable back).
+    pub fn set_durable_lsn(&mut self, lsn: u64) {
+        self.durable_lsn = self.durable_lsn.max(lsn);
+    }
+
+    /// A fatal error met while paging (the log could not give a message back).
+    pub fn take_fatal(&mut self) -> Option<String> {
+        self.fatal.take()
+    }
+
+    pub fn memory_stats(&self) -> MemoryStats {
+        MemoryStats {
+            hot_bytes: self.hot_bytes_total.load(Ordering::Relaxed),
+            paged_out: self
+                .queues
+                .iter()
+                .flatten()
+                .map(|q| q.cold.len() as u64)
+                .sum(),
+            paged_in_total: self.paged_in_total,
+        }
+    }
+
+    /// The limits entry for a queue: matched on the queue name, or a durable subscription's
+    /// topic.
+    pub(super) fn limits_for(&self, q: QueueId) -> Option<&crate::config::DestinationLimits> {
+        let queue = self.queue(q);
+        let (topic, name) = match (&queue.key, &queue.topic) {
+            (QueueKey::Queue(n), _) => (false, n.as_str()),
+            (QueueKey::Durable { .. }, Some(t)) => (true, t.as_str()),
+            _ => return None,
+        };
+        self.cfg
+            .destination_limits
+            .iter()
+            .find(|l| match (&l.destination, topic) {
+                (Destination::Queue(p), false) | (Destination::Topic(p), true) => {
+                    wildcard_matches(p, name)
+                }
+                _ => false,
+            })
+    }
+
+    /// In-memory budget for waiting messages of queue `q`.
+    pub(super) fn queue_memory_bytes_max(&self, q: QueueId) -> u64 {
+        if !self.queue(q).key.is_durable_kind() {
+            return u64::MAX;
+        }
+        let own = self.limits_for(q).and_then(|l| l.memory_bytes_max);
+        own.unwrap_or(u64::MAX).min(self.cfg.memory_bytes_max)
+    }
+
+    /// Whether a message arriving in queue `q` must wait behind paged-out messages, or would
+    /// take the queue or the broker over its memory budget.
+    pub(super) fn should_page(&self, q: QueueId, msg: &Message) -> bool {
+        if self.loader.is_none() {
+            return false;
+        }
+        let queue = self.queue(q);
+        if !queue.key.is_durable_kind() {
+            return false;
+        }
+        if queue.is_paging() {
+            return true;
+        }
+        let size = msg.size_bytes() as u64;
+        queue.ready_bytes() + size > self.queue_memory_bytes_max(q)
+            || self.hot_bytes_total.load(Ordering::Relaxed) + size > self.cfg.memory_bytes_max
+    }
+
+    /// Puts an arriving message behind the paged-out ones. `spill_lsn`: its `Spill` record,
+    /// for a non-persistent message.
+    pub(super) fn push_tail(&mut self, q: QueueId, entry: Entry, spill_lsn: Option<u64>) {
+        let seq = entry.msg.seq;
+        if let Some(lsn) = spill_lsn {
+            self.live.insert(lsn, LiveObject::Message(seq));
+        }
+        let old = self
+            .queue_mut(q)
+            .insert_tail(seq, TailEntry { entry, spill_lsn });
+        assert!(old.is_none(), "message in a tail twice");
+        self.paging_queues.insert(q);
+    }
+
+    /// Moves tail messages whose record is durable out of memory (end of every call).
+    pub(super) fn page_out_tails(&mut self) {
+        let queues: Vec<QueueId> = self.paging_queues.iter().copied().collect();
+        for q in queues {
+            if self.queues.get(q).is_none_or(Option::is_none) {
+                self.paging_queues.remove(&q);
+                continue;
+            }
+            let mut cold = Vec::new();
+            for (seq, t) in self.queue(q).tail.iter().take(PAGE_OUT_SCAN_MAX) {
+                let (lsn, spilled) = match t.spill_lsn {
+                    Some(lsn) => (lsn, true),
+                    None => match self.stored.get(seq) {
+                        // Shared by several durable subscriptions: stays in memory.
+                        Some(s) if s.holders.len() == 1 => (s.lsn, false),
+                        _ => continue,
+                    },
+                };
+                if lsn >= self.durable_lsn {
+                    // Later arrivals are (almost always) later in the log too.
+                    break;
+                }
+                let bytes = u32::try_from(t.entry.msg.size_bytes()).unwrap_or(u32::MAX);
+                let cref = ColdRef {
+                    lsn,
+                    bytes,
+                    spilled,
+                    recovered: t.entry.redelivered,
+                };
+                cold.push((*seq, cref));
+            }
+            for (seq, cref) in cold {
+                let queue = self.queue_mut(q);
+                let t = queue.remove_tail(&seq).expect("scanned");
+                assert_eq!(
+                    t.entry.deliveries, 0,
+                    "a delivered message is never paged out"
+                );
+                queue.insert_cold(seq, cref);
+                if !cref.spilled {
+                    // The log is now its only copy; the live set still names its record.
+                    let s = self
+                        .stored
+                        .remove(&seq)
+                        .expect("persistent tail entry is stored");
+                    assert_eq!(s.lsn, cref.lsn);
+                }
+            }
+            if !self.queue(q).is_paging() {
+                self.paging_queues.remove(&q);
+            }
+        }
+    }
+
+    /// Brings paged messages of `q` back into memory, in arrival order, when the in-memory
+    /// window runs low (only called when the queue has consumers).
+    pub(super) fn page_in(&mut self, q: QueueId) {
+        let queue = self.queue(q);
+        if !queue.is_paging() || queue.ready_len() >= PAGE_IN_LOW_MESSAGES {
+            return;
+        }
+        let budget = self.queue_memory_bytes_max(q);
+        while self.fatal.is_none() {
+            let queue = self.queue(q);
+            if queue.ready_len() >= PAGE_IN_HIGH_MESSAGES
+                || (queue.ready_len() > 0 && queue.ready_bytes() >= budget)
+            {
+                break;
+            }
+            match queue.next_paged() {
+                None => break,
+                Some(Paged::Tail(seq)) => {
+                    let t = self.queue_mut(q).remove_tail(&seq).expect("next paged");
+                    if let Some(lsn) = t.spill_lsn {
+                        // Back in memory: the spill record is no longer needed.
+                        self.live.remove(lsn, &LiveObject::Message(seq));
+                    }
+                    self.queue_mut(q).push(t.entry);
+                }
+                Some(Paged::Cold(seq, cref)) => {
+                    if cref.lsn >= self.durable_lsn {
+                        break; // relocated and not yet durable: read it next time
+                    }
+                    let loader = self.loader.as_mut().expect("cold messages need a loader");
+                    let msg = match loader.load(cref.lsn, seq) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            self.fatal = Some(format!(
+                                "reading paged-out message {seq} at lsn {}: {e}",
+                                cref.lsn
+                            ));
+                            return;
+                        }
+                    };
+                    assert_eq!(msg.seq, seq, "loader returned another message");
+                    self.paged_in_total += 1;
+                    let queue = self.queue_mut(q);
+                    queue.remove_cold(&seq);
+                    let key = queue.key.clone();
+                    if cref.spilled {
+                        self.live.remove(cref.lsn, &LiveObject::Message(seq));
+                    } else {
+                        let stored = Stored {
+                            msg: msg.clone(),
+                            lsn: cref.lsn,
+                            holders: vec![key],
+                        };
+                        let old = self.stored.insert(seq, stored);
+                        assert!(old.is_none(), "paged-out message was also stored");
+                    }
+                    self.queue_mut(q).push(Entry {
+                        msg,
+                        deliveries: 0,
+                        redelivered: cref.recovered,
+                    });
+                }
+            }
+        }
+        if !self.queue(q).is_paging() {
+            self.paging_queues.remove(&q);
+        }
+    }
+
+    /// The queue holding paged message `seq` (cold, or spilled in a tail), if any. Looks at
+    /// `hint` first; the others only when it is not there (a rare path: compaction, or replay
+    /// of a message that moved to a DLQ).
+    pub(super) fn find_paged(&self, seq: u64, hint: &[QueueId]) -> Option<QueueId> {
+        let holds = |q: QueueId| {
+            self.queues[q]
+                .as_ref()
+                .is_some_and(|queue| queue.cold.contains_key(&seq) || queue.tail.contains_key(&seq))
+        };
+        if let Some(&q) = hint.iter().find(|&&q| holds(q)) {
+            return Some(q);
+        }
+        self.paging_queues.iter().copied().find(|&q| holds(q))
+    }
+
+    /// Compaction of a paged message: read it back, re-log it, keep it in the tail until the
+    /// new record is durable.
+    pub(super) fn relocate_paged(&mut self, seq: u64, old_lsn: u64) {
+        // A non-persistent message copied into several queues has one spill record in each:
+        // find the copy this record describes.
+        let at = |q: &QueueId| {
+            self.queues[*q].as_ref().is_some_and(|queue| {
+                queue.cold.get(&seq).is_some_and(|c| c.lsn == old_lsn)
+                    || queue
+                        .tail
+                        .get(&seq)
+                        .is_some_and(|t| t.spill_lsn == Some(old_lsn))
+            })
+        };
+        let q = *self
+            .paging_queues
+            .iter()
+            .find(|q| at(q))
+            .expect("live message is stored or paged");
+        if let Some(t) = self.queue_mut(q).tail.get(&seq) {
+            // A spilled message still in memory: write it again.
+            assert_eq!(t.spill_lsn, Some(old_lsn));
+            let message = t.entry.msg.clone();
+            let lsn = self.log(crate::record::Record::Spill { message });
+            self.live.remove(old_lsn, &LiveObject::Message(seq));
+            self.live.insert(lsn, LiveObject::Message(seq));
+            self.queue_mut(q)
+                .tail
+                .get_mut(&seq)
+                .expect("present")
+                .spill_lsn = Some(lsn);
+            return;
+        }
+        let cref = self.queue(q).cold[&seq];
+        assert_eq!(cref.lsn, old_lsn);
+        let loader = self.loader.as_mut().expect("cold messages need a loader");
+        let msg = match loader.load(cref.lsn, seq) {
+            Ok(m) => m,
+            Err(e) => {
+                self.fatal = Some(format!("compacting paged-out message {seq}: {e}"));
+                return;
+            }
+        };
+        self.queue_mut(q).remove_cold(&seq);
+        self.live.remove(old_lsn, &LiveObject::Message(seq));
+        let entry = Entry {
+            msg: msg.clone(),
+            deliveries: 0,
+            redelivered: cref.recovered,
+        };
+        if cref.spilled {
+            let lsn = self.log(crate::record::Record::Spill { message: msg });
+            self.push_tail(q, entry, Some(lsn));
+        } else {
+            let holders = vec![self.queue(q).key.clone()];
+            let lsn = self.log(crate::record::Record::Store {
+                message: msg.clone(),
+                holders: holders.clone(),
+            });
+            self.track_store(msg, holders, lsn);
+            self.push_tail(q, entry, None);
+        }
+    }
+
+    /// Replay: a persistent message newly held by `q` alone goes straight to the log-only
+    /// state if the queue is over its budget. Returns whether it did.
+    pub(super) fn replay_page_out(&mut self, q: QueueId, msg: &Message, lsn: u64) -> bool {
+        if !self.should_page(q, msg) {
+            return false;
+        }
+        self.queue_mut(q).insert_cold(msg.seq, paging_ref(lsn, msg));
+        self.live.insert(lsn, LiveObject::Message(msg.seq));
+        self.paging_queues.insert(q);
+        true
+    }
+
+    /// Count of log-only objects for the invariant check: cold messages and spilled tail ones.
+    pub(super) fn paged_live_count(&self) -> usize {
+        self.queues
+            .iter()
+            .flatten()
+            .map(|q| q.cold.len() + q.tail.values().filter(|t| t.spill_lsn.is_some()).count())
+            .sum()
+    }
+}
+
+impl Engine {
+    /// Producer flow control: `Err` names the limit a SEND to `destination` would exceed now
+    /// (a queue it reaches holds `messages_max` messages or `bytes_max` bytes). The caller
+    /// holds the SEND back and retries; the engine itself never refuses for this.
+    pub fn admission(&self, destination: &Destination) -> Result<(), String> {
+        let targets: Vec<QueueId> = match destination {
+            Destination::Queue(name) => self
+                .queue_ids
+                .get(&QueueKey::Queue(name.clone()))
+                .copied()
+                .into_iter()
+                .collect(),
+            Destination::Topic(_) => self
+                .topic_targets(destination)
+                .into_iter()
+                .filter(|&q| self.queue(q).key.is_durable_kind())
+                .collect(),
+            Destination::TempQueue { .. } | Destination::TempTopic { .. } => Vec::new(),
+        };
+        for q in targets {
+            let Some(limits) = self.limits_for(q) else {
+                continue;
+            };
+            let queue = self.queue(q);
+            if let Some(max) = limits.messages_max {
+                if queue.held_len() as u64 >= max {
+                    return Err(format!(
+                        "{} holds {} messages (limit messages_max = {max} for {})",
+                        queue.key,
+                        queue.held_len(),
+                        limits.destination
+                    ));
+                }
+            }
+            if let Some(max) = limits.bytes_max {
+                if queue.waiting_bytes() >= max {
+                    return Err(format!(
+                        "{} holds {} bytes of waiting messages (limit bytes_max = {max} for {})",
+                        queue.key,
+                        queue.waiting_bytes(),
+                        limits.destination
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
