@@ -1,12 +1,14 @@
 //! Errors of the journal.
 //!
-//! `JournalError` is what `open` and `close` return. `JournalFailure` is the fatal, sticky state
-//! of the writer thread after a failed write or fsync: it is published on the durable watch
-//! channel and never cleared, because after a failed fsync the kernel may have dropped the dirty
-//! pages and a retry could report success for data that is gone ("fsyncgate"). The only way out
-//! is to stop and recover from the files.
+//! `JournalError` is what `open`, `close` and `Reader` return. `JournalFailure` is the fatal,
+//! sticky state of the writer thread after a failed write or fsync: it is published on the
+//! durable watch channel and never cleared, because after a failed fsync the kernel may have
+//! dropped the dirty pages and a retry could report success for data that is gone
+//! ("fsyncgate"). The only way out is to stop and recover from the files.
 
 use std::path::PathBuf;
+
+use crate::Lsn;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -34,6 +36,11 @@ pub enum JournalError {
     Failed(JournalFailure),
     #[error("journal writer thread panicked")]
     WriterPanicked,
+    /// `Reader::read`: no segment file holds this LSN. Either it was released (its segment was
+    /// deleted by `release_before`) or it was never written (0, or beyond the end of the log;
+    /// the caller may read only LSNs reported durable).
+    #[error("journal has no record with LSN {lsn}")]
+    NotFound { lsn: Lsn },
 }
 
 impl JournalError {

@@ -11,7 +11,8 @@
 //! since the last sync (group commit, `writer.rs`). Records carry a CRC32C and their LSN
 //! (`record.rs`) in preallocated, zero-filled segment files (`segment.rs`). `open` streams the
 //! files back, truncates a torn tail and refuses anything that looks like real corruption
-//! (`recovery.rs`). A failed write or fsync is fatal and sticky (`error.rs`).
+//! (`recovery.rs`). A failed write or fsync is fatal and sticky (`error.rs`). Durable records
+//! are read back by LSN through a `Reader` on its own file descriptors (`reader.rs`).
 //!
 //! Ownership: a `Journal` is used from one task (`&mut self` for appends); clone the receiver
 //! from `durable()` to wait for durability elsewhere. The caller bounds how much it appends
@@ -21,6 +22,7 @@ mod config;
 mod error;
 mod fs;
 mod probe;
+mod reader;
 mod record;
 mod recovery;
 mod segment;
@@ -39,6 +41,7 @@ pub use error::{JournalError, JournalFailure};
 #[cfg(feature = "fault-injection")]
 pub use fs::Faults;
 pub use probe::{fdatasync_probe, try_fdatasync_probe};
+pub use reader::{Reader, ReaderLimits, ReaderStats};
 pub use record::RECORD_HEADER_BYTES;
 pub use segment::{segment_file_name, SEGMENT_HEADER_BYTES};
 
@@ -233,6 +236,13 @@ impl Journal {
             batches: self.shared.batches.load(Relaxed),
             record_bytes: self.shared.record_bytes.load(Relaxed),
         }
+    }
+
+    /// A `Reader` with the default limits on this journal's directory, for reading durable
+    /// records back by LSN. It works on its own file descriptors, independently of the writer
+    /// thread. Open one for each task that reads.
+    pub fn reader(&self) -> Result<Reader, JournalError> {
+        Reader::open(&self.config.dir)
     }
 
     /// Segments, oldest first. The active (last) one's `end_lsn` and `bytes` cover what is durable.

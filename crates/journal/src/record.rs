@@ -72,6 +72,57 @@ impl RecordHeader {
     }
 }
 
+/// What the bytes at a record boundary of a segment say. The one definition of "where the log
+/// in a segment ends" and "is this framing plausible", shared by recovery and the reader so the
+/// two can never disagree about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// End of the log in this segment: no bytes left, or a zero `len` (the preallocated zeros).
+    End,
+    /// A header whose length is a record's and fits in what is left of the segment. Neither the
+    /// CRC nor the LSN has been checked.
+    Record {
+        header: RecordHeader,
+        /// Header plus payload.
+        total_bytes: usize,
+    },
+    /// An incomplete header, or a length that is not a record's or runs past the segment.
+    Bad(String),
+}
+
+/// Classifies a record boundary. `head` is the first `min(available_bytes, RECORD_HEADER_BYTES)`
+/// bytes there; `available_bytes` is what is left of the segment from there.
+pub fn frame(head: &[u8], available_bytes: u64) -> Frame {
+    assert_eq!(
+        head.len() as u64,
+        available_bytes.min(RECORD_HEADER_BYTES as u64),
+        "frame() gets exactly the header bytes that exist"
+    );
+    if available_bytes == 0 || head[..head.len().min(4)].iter().all(|&b| b == 0) {
+        return Frame::End;
+    }
+    let Ok(head) = <&[u8; RECORD_HEADER_BYTES]>::try_from(head) else {
+        return Frame::Bad(format!(
+            "incomplete record header ({} of {RECORD_HEADER_BYTES} bytes)",
+            head.len()
+        ));
+    };
+    let header = RecordHeader::decode(head);
+    let Some(total_bytes) = header.encoded_bytes() else {
+        return Frame::Bad(format!("record length {} too small", header.len));
+    };
+    if total_bytes as u64 > available_bytes {
+        return Frame::Bad(format!(
+            "record length {} runs past the end of the segment ({available_bytes} bytes left)",
+            header.len
+        ));
+    }
+    Frame::Record {
+        header,
+        total_bytes,
+    }
+}
+
 /// Walks a buffer of encoded records (the writer's batch). Checks each CRC again on the write
 /// side in debug builds, so an encoding bug is caught before it reaches the disk.
 pub fn next_record(buf: &[u8]) -> (RecordHeader, usize) {
@@ -114,6 +165,26 @@ mod tests {
             let header = RecordHeader::decode(buf[..RECORD_HEADER_BYTES].try_into().unwrap());
             prop_assert!(!header.crc_matches(&buf[RECORD_HEADER_BYTES..]));
         }
+    }
+
+    #[test]
+    fn frame_tells_end_bad_and_records_apart() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, 9, b"abc");
+        let total = buf.len() as u64;
+        let head = &buf[..RECORD_HEADER_BYTES];
+        assert!(matches!(
+            frame(head, total),
+            Frame::Record { header, total_bytes } if header.lsn == 9 && total_bytes == buf.len()
+        ));
+        assert_eq!(frame(&[], 0), Frame::End);
+        assert_eq!(frame(&[0; RECORD_HEADER_BYTES], 100), Frame::End);
+        assert_eq!(frame(&[0; 3], 3), Frame::End);
+        assert!(matches!(frame(&head[..5], 5), Frame::Bad(r) if r.contains("incomplete")));
+        assert!(matches!(frame(head, total - 1), Frame::Bad(r) if r.contains("runs past")));
+        let mut short = [0u8; RECORD_HEADER_BYTES];
+        short[0] = 7;
+        assert!(matches!(frame(&short, 100), Frame::Bad(r) if r.contains("too small")));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use tracing::{info, warn};
 
 use crate::fs::FileOps;
-use crate::record::{RecordHeader, RECORD_HEADER_BYTES};
+use crate::record::{frame, Frame, RecordHeader, RECORD_HEADER_BYTES};
 use crate::segment::{
     decode_header, encode_header, parse_segment_file_name, ActiveSegment, Spare,
     SEGMENT_HEADER_BYTES, TMP_SUFFIX,
@@ -262,24 +262,14 @@ fn recover_segment(
         let mut hbytes = [0u8; RECORD_HEADER_BYTES];
         let hlen = available.min(RECORD_HEADER_BYTES as u64) as usize;
         reader.read_exact(&mut hbytes[..hlen]).map_err(io)?;
-        if hbytes[..hlen.min(4)].iter().all(|&b| b == 0) {
-            break Stop::End;
-        }
-        if hlen < RECORD_HEADER_BYTES {
-            break Stop::Bad(format!(
-                "incomplete record header ({hlen} of {RECORD_HEADER_BYTES} bytes)"
-            ));
-        }
-        let h = RecordHeader::decode(&hbytes);
-        let Some(total) = h.encoded_bytes() else {
-            break Stop::Bad(format!("record length {} too small", h.len));
+        let (h, total) = match frame(&hbytes[..hlen], available) {
+            Frame::End => break Stop::End,
+            Frame::Bad(reason) => break Stop::Bad(reason),
+            Frame::Record {
+                header,
+                total_bytes,
+            } => (header, total_bytes),
         };
-        if total as u64 > available {
-            break Stop::Bad(format!(
-                "record length {} runs past the end of the segment ({available} bytes left)",
-                h.len
-            ));
-        }
         payload.resize(total - RECORD_HEADER_BYTES, 0);
         reader.read_exact(&mut payload).map_err(io)?;
         if !h.crc_matches(&payload) {
