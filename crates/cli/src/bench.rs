@@ -8,6 +8,11 @@
 //! makes `run` return an error (non-zero exit). `--json` prints one line for scripts
 //! (`bench/compare.sh`). `--fsync-probe DIR` instead measures the disk's raw `fdatasync`.
 //!
+//! A backlog is measured in two runs that share a `--run-id` (`bench/backlog.sh`): a fill with
+//! `--consumers 0` leaves the messages queued and checks only that each was receipted; a later
+//! `--drain-only` run with the fill's `--producers`, `--count` and `--warmup` starts no
+//! producer and checks that every message the fill sent arrives exactly once.
+//!
 //! The STOMP side is the bench's own (see `stomp.rs` for why). Producers and consumers share one
 //! process, so the send timestamp in a header is read against the same monotonic clock.
 
@@ -54,7 +59,8 @@ pub struct BenchArgs {
     /// Producer connections, each sending its own numbered sequence.
     #[arg(long, default_value_t = 1)]
     pub producers: u32,
-    /// Consumer connections, subscribed before any producer starts.
+    /// Consumer connections, subscribed before any producer starts. 0 = fill only: the
+    /// messages stay queued (for a later `--drain-only` run) and delivery is not checked.
     #[arg(long, default_value_t = 1)]
     pub consumers: u32,
     /// Body size in bytes.
@@ -98,6 +104,16 @@ pub struct BenchArgs {
     /// Free-form label copied into the output (e.g. broker name and scenario).
     #[arg(long)]
     pub label: Option<String>,
+    /// Tag the messages with this run id instead of a random one, so that a `--drain-only` run
+    /// can recognise the messages of an earlier fill.
+    #[arg(long)]
+    pub run_id: Option<u64>,
+    /// Start no producer: the consumers drain what an earlier run with this `--run-id`,
+    /// `--producers`, `--count` and `--warmup` sent, and the accounting checks that every one
+    /// of those messages arrives exactly once. Send→receive latency is not measured (the send
+    /// times are another process's clock).
+    #[arg(long, requires = "run_id", conflicts_with = "duration_s")]
+    pub drain_only: bool,
     /// Extra header on every SEND, NAME:VALUE (repeatable).
     #[arg(long = "send-header", value_parser = parse_header)]
     pub send_headers: Vec<(String, String)>,
@@ -172,10 +188,12 @@ pub async fn run(args: BenchArgs) -> std::result::Result<(), Box<dyn std::error:
 async fn run_load(args: BenchArgs) -> Result<()> {
     validate(&args)?;
     let epoch = Instant::now();
-    let run_id = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-        ^ u64::from(std::process::id()) << 48;
+    let run_id = args.run_id.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()) << 48
+    });
     let addr = args
         .url
         .trim_start_matches("tcp://")
@@ -213,6 +231,7 @@ async fn run_load(args: BenchArgs) -> Result<()> {
             warmup: args.warmup,
             extra_headers: args.subscribe_headers.clone(),
             progress: progress.clone(),
+            latency: !args.drain_only,
         };
         let subscribed = match consumer::subscribe(plan).await {
             Ok(s) => s,
@@ -225,18 +244,21 @@ async fn run_load(args: BenchArgs) -> Result<()> {
     }
 
     let total = args.count.unwrap_or(100_000);
+    // Messages producer `p` sends in a `--count` run, warm-up included.
+    let count_of = |p: u32| {
+        args.warmup
+            + total / u64::from(args.producers)
+            + u64::from(u64::from(p) < total % u64::from(args.producers))
+    };
     let sent_counter = Arc::new(AtomicU64::new(0));
     let body = Arc::new(vec![b'x'; args.size]);
     let mut producers: Vec<Option<JoinHandle<Result<producer::ProducerReport>>>> = (0..args
         .producers)
+        .filter(|_| !args.drain_only)
         .map(|p| {
             let stop = match args.duration_s {
                 Some(s) => Stop::Duration(Duration::from_secs_f64(s)),
-                None => {
-                    let share = total / u64::from(args.producers)
-                        + u64::from(u64::from(p) < total % u64::from(args.producers));
-                    Stop::Count(args.warmup + share)
-                }
+                None => Stop::Count(count_of(p)),
             };
             let plan = producer::ProducerPlan {
                 id: p,
@@ -264,8 +286,20 @@ async fn run_load(args: BenchArgs) -> Result<()> {
 
     let bar = progress_bar(&args, total + args.warmup * u64::from(args.producers));
     let tick = Duration::from_millis(100);
-    // Phase 1: producers run; any failure (producer or consumer) ends the run.
+    // Phase 1: producers run; any failure (producer or consumer) ends the run. A drain-only
+    // run owes what the earlier fill sent, as if its producers had just sent it.
     let mut producer_reports = Vec::new();
+    if args.drain_only {
+        let now = Instant::now();
+        producer_reports.extend((0..args.producers).map(|p| producer::ProducerReport {
+            id: p,
+            sent: count_of(p),
+            receipts: 0,
+            receipt_latency_ns: report::new_histogram(),
+            measure_start: now,
+            end: now,
+        }));
+    }
     loop {
         for slot in producers.iter_mut() {
             if slot.as_ref().is_some_and(JoinHandle::is_finished) {
@@ -293,12 +327,14 @@ async fn run_load(args: BenchArgs) -> Result<()> {
     if let Some(b) = &bar {
         b.set_length(total_sent);
     }
-    // Phase 2: drain until every sent message was delivered or deliveries stop coming.
+    // Phase 2: drain until every sent message was delivered or deliveries stop coming. A
+    // fill-only run (no consumers) leaves the messages queued.
     let mut last_delivered = progress.delivered.load(Ordering::Relaxed);
     let mut last_progress = Instant::now();
     loop {
         let delivered = progress.delivered.load(Ordering::Relaxed);
-        if delivered >= total_sent
+        if args.consumers == 0
+            || delivered >= total_sent
             || last_progress.elapsed() > Duration::from_secs(args.drain_timeout_s)
         {
             break;
@@ -324,7 +360,7 @@ async fn run_load(args: BenchArgs) -> Result<()> {
         b.finish_and_clear();
     }
     let outcome = report::LoadOutcome::new(&args, epoch, producer_reports, consumer_reports);
-    outcome.print(&args);
+    outcome.print(&args, run_id);
     if outcome.lost > 0 || outcome.duplicates > 0 {
         return Err(BenchError::Accounting {
             lost: outcome.lost,
@@ -336,8 +372,11 @@ async fn run_load(args: BenchArgs) -> Result<()> {
 
 fn validate(args: &BenchArgs) -> Result<()> {
     let bad = |why: &str| Err(BenchError::Args(why.to_string()));
-    if args.producers == 0 || args.consumers == 0 || args.queues == 0 {
-        return bad("--producers, --consumers and --queues must be at least 1");
+    if args.producers == 0 || args.queues == 0 {
+        return bad("--producers and --queues must be at least 1");
+    }
+    if args.drain_only && args.consumers == 0 {
+        return bad("--drain-only needs at least one consumer");
     }
     if args.producers as usize > consumer::PRODUCERS_MAX {
         return bad("too many producers");

@@ -110,6 +110,35 @@ pub struct LimitsConfig {
     pub transaction_ops_max: usize,
     pub transactions_per_connection_max: usize,
     pub subscriptions_per_connection_max: usize,
+    /// Bytes of waiting messages kept in memory over all destinations. Beyond it, persistent
+    /// messages stay only in the journal (read back when consumers reach them) and
+    /// non-persistent ones spill to it.
+    pub memory_bytes_max: u64,
+    /// Journal size at which persistent SENDs are held back (0 = no limit of its own).
+    pub disk_bytes_max: u64,
+    /// Free space on the journal's file system below which persistent SENDs are held back, so
+    /// the disk never fills to 100% (acks, checkpoints and compaction still need room).
+    pub disk_free_bytes_min: u64,
+    /// How long a SEND held back by a limit waits before the producer gets an ERROR naming it.
+    pub producer_wait_ms_max: u64,
+    /// Scheduled messages (`AMQ_SCHEDULED_*`) held at once; each is kept in memory.
+    pub scheduled_messages_max: usize,
+    /// Per-destination limits (`[[limits.destination]]`), first match wins.
+    pub destination: Vec<DestinationLimitsConfig>,
+}
+
+/// One `[[limits.destination]]`: limits for the queues (`/queue/...`) or the durable
+/// subscriptions of the topics (`/topic/...`) that `destination` matches (`*`, `>` allowed).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestinationLimitsConfig {
+    pub destination: String,
+    /// Bytes of waiting messages this destination keeps in memory before paging out.
+    pub memory_bytes_max: Option<u64>,
+    /// Messages held at which producers are held back.
+    pub messages_max: Option<u64>,
+    /// Bytes of waiting messages (in memory or paged out) at which producers are held back.
+    pub bytes_max: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -182,8 +211,19 @@ impl Default for LimitsConfig {
             transaction_ops_max: 100_000,
             transactions_per_connection_max: 1_000,
             subscriptions_per_connection_max: 10_000,
+            memory_bytes_max: 256 * 1024 * 1024,
+            disk_bytes_max: 0,
+            disk_free_bytes_min: 1024 * 1024 * 1024,
+            producer_wait_ms_max: 30_000,
+            scheduled_messages_max: 100_000,
+            destination: Vec::new(),
         }
     }
+}
+
+/// `/queue/NAME` or `/topic/NAME`, NAME non-empty.
+fn is_destination_pattern(text: &str) -> bool {
+    (text.starts_with("/queue/") || text.starts_with("/topic/")) && text.len() >= 8
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -308,10 +348,33 @@ impl Config {
                 "must be at least delivery.redelivery_delay_initial_ms".into(),
             );
         }
-        for p in &d.redelivery_policy {
-            if !(p.destination.starts_with("/queue/") || p.destination.starts_with("/topic/"))
-                || p.destination.len() < 8
+        let l = &self.limits;
+        if l.memory_bytes_max < 1024 * 1024 {
+            return invalid("limits.memory_bytes_max", "must be at least 1 MiB".into());
+        }
+        if l.scheduled_messages_max == 0 {
+            return invalid("limits.scheduled_messages_max", "must be at least 1".into());
+        }
+        for p in &l.destination {
+            if !is_destination_pattern(&p.destination) {
+                return invalid(
+                    "limits.destination.destination",
+                    format!(
+                        "'{}' must be /queue/NAME or /topic/NAME (wildcards allowed)",
+                        p.destination
+                    ),
+                );
+            }
+            if p.messages_max == Some(0) || p.bytes_max == Some(0) || p.memory_bytes_max == Some(0)
             {
+                return invalid(
+                    "limits.destination",
+                    format!("'{}': every limit must be at least 1", p.destination),
+                );
+            }
+        }
+        for p in &d.redelivery_policy {
+            if !is_destination_pattern(&p.destination) {
                 return invalid(
                     "delivery.redelivery_policy.destination",
                     format!(
@@ -419,6 +482,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn destination_limits_parse_and_are_checked() {
+        let c = parse("[limits]\nmemory_bytes_max = 2097152\n[[limits.destination]]\ndestination = \"/queue/big.>\"\nmessages_max = 10\n").unwrap();
+        assert_eq!(c.limits.memory_bytes_max, 2 * 1024 * 1024);
+        assert_eq!(c.limits.destination[0].messages_max, Some(10));
+        let e = parse("[[limits.destination]]\ndestination = \"big\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limits.destination.destination"), "{e}");
+        let e = parse("[[limits.destination]]\ndestination = \"/queue/a\"\nbytes_max = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 1"), "{e}");
+        let e = parse("[limits]\nmemory_bytes_max = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limits.memory_bytes_max"), "{e}");
     }
 
     #[test]

@@ -263,6 +263,9 @@ async fn run(
     // in flight to it for ever: a write that makes no progress for this long closes it.
     let wt = Duration::from_millis(shared.config.stomp.write_timeout_ms);
     let mut reading = true;
+    // Producer flow control: the core holds this connection's SENDs back and asked us to stop
+    // reading, so TCP pushes back on the client.
+    let mut paused = false;
     let far = Duration::from_secs(86_400 * 365);
     let send_every = if s.send_ms > 0 {
         Duration::from_millis(s.send_ms)
@@ -332,6 +335,12 @@ async fn run(
                             reading = false;
                         }
                         Outbound::Close => { done = true; break; }
+                        Outbound::Pause => paused = true,
+                        Outbound::Resume => {
+                            paused = false;
+                            // Its heart-beats waited in the socket too.
+                            read_deadline = Instant::now() + recv_grace;
+                        }
                     }
                     n += 1;
                     if n < WRITES_PER_FLUSH_MAX {
@@ -352,7 +361,7 @@ async fn run(
                 }
                 if done { break; }
             }
-            item = reader.next(), if reading => {
+            item = reader.next(), if reading && !paused => {
                 read_deadline = Instant::now() + recv_grace;
                 match item {
                     None => {
@@ -393,7 +402,7 @@ async fn run(
                 if !within(wt, writer.send(Item::Heartbeat)).await { break; }
                 last_write = Instant::now();
             }
-            _ = sleep_until(read_deadline), if reading => {
+            _ = sleep_until(read_deadline), if reading && !paused => {
                 reading = false;
                 let message = format!("no frame or heart-beat for {} ms; closing", recv_grace.as_millis());
                 let _ = core.send(CoreMsg::Fail { conn, message, receipt: None }).await;

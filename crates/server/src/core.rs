@@ -14,8 +14,9 @@
 use crate::error::ServerError;
 use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
 use haven_journal::{Journal, JournalFailure, Lsn};
-use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// What a connection receives from the core.
@@ -30,6 +31,10 @@ pub(crate) enum Outbound {
     },
     /// Close after writing everything before this.
     Close,
+    /// Producer flow control: stop reading the socket (TCP pushes back on the client) until
+    /// `Resume`.
+    Pause,
+    Resume,
 }
 
 pub(crate) enum CoreMsg {
@@ -62,6 +67,33 @@ const LAZY_RECORDS_MAX: u64 = 1_000;
 /// Records appended but not yet durable beyond which the core stops taking commands.
 const UNSYNCED_RECORDS_MAX: u64 = 50_000;
 
+/// Commands of one held-back connection queued behind its waiting SEND, beyond which its
+/// socket is no longer read (the client then blocks on TCP).
+const PARKED_COMMANDS_MAX: usize = 1_000;
+
+/// Limits the core enforces itself (the engine enforces the per-destination ones).
+#[derive(Clone, Debug)]
+pub(crate) struct CoreLimits {
+    pub compaction_records_max: usize,
+    /// A SEND held back longer than this is refused with an ERROR naming the limit.
+    pub producer_wait_ms_max: u64,
+    /// Journal bytes at which persistent SENDs are held back (0 = none).
+    pub disk_bytes_max: u64,
+    /// Free bytes on the journal's file system below which persistent SENDs are held back.
+    pub disk_free_bytes_min: u64,
+    /// For the free-space check and the logs.
+    pub dir: PathBuf,
+    /// For the log line when paging starts.
+    pub memory_bytes_max: u64,
+}
+
+/// A connection whose SEND waits for a limit, with every later command it sent (in order).
+struct Parked {
+    cmds: VecDeque<Command>,
+    /// When the SEND at the front was first held back.
+    since: Instant,
+    paused: bool,
+}
 pub(crate) struct Core {
     engine: Engine,
     journal: Journal,
@@ -71,9 +103,17 @@ pub(crate) struct Core {
     durable: Lsn,
     out: Vec<Output>,
     buf: Vec<u8>,
-    compaction_records_max: usize,
+    limits: CoreLimits,
     /// A checkpoint appended for segment deletion; segments are deleted once it is durable.
     checkpoint: Option<Lsn>,
+    /// Connections held back by producer flow control.
+    parked: BTreeMap<ConnId, Parked>,
+    /// Why persistent SENDs are held back now (a disk limit), if they are.
+    disk_block: Option<String>,
+    /// Whether messages were paged out at the last maintenance (to log changes once).
+    paging: bool,
+    /// A failure the engine met (a paged-out message could not be read back): stop.
+    fatal: Option<String>,
 }
 
 fn now_ms() -> u64 {
@@ -81,6 +121,36 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Free bytes for an unprivileged user on the file system holding `dir`.
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `path` is a valid NUL-terminated string and `st` a writable statvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Commands a held-back connection may still have applied at once: acknowledgements nobody
+/// awaits an answer to (a connection that consumes what it produces must be able to drain),
+/// and internal credit.
+fn bypasses_parking(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Credit { .. }
+            | Command::Ack {
+                transaction: None,
+                receipt: None,
+                ..
+            }
+            | Command::Nack {
+                transaction: None,
+                receipt: None,
+                ..
+            }
+    )
 }
 
 fn receipt_of(cmd: &Command) -> Option<String> {
@@ -100,8 +170,9 @@ fn receipt_of(cmd: &Command) -> Option<String> {
 }
 
 impl Core {
-    pub fn new(engine: Engine, journal: Journal, compaction_records_max: usize) -> Core {
+    pub fn new(mut engine: Engine, journal: Journal, limits: CoreLimits) -> Core {
         let durable = journal.durable_lsn().unwrap_or(0);
+        engine.set_durable_lsn(durable + 1);
         Core {
             engine,
             journal,
@@ -110,8 +181,12 @@ impl Core {
             durable,
             out: Vec::new(),
             buf: Vec::with_capacity(64 * 1024),
-            compaction_records_max,
+            limits,
             checkpoint: None,
+            parked: BTreeMap::new(),
+            disk_block: None,
+            paging: false,
+            fatal: None,
         }
     }
 
@@ -163,6 +238,12 @@ impl Core {
                     self.journal.flush();
                 }
                 _ = stop.changed() => break Ok(()),
+            }
+            if !self.parked.is_empty() {
+                self.retry_parked();
+            }
+            if let Some(f) = self.fatal.take() {
+                break Err(ServerError::JournalFailed(f));
             }
             self.kick_journal();
         };
@@ -228,20 +309,31 @@ impl Core {
             }
             CoreMsg::Command(cmd) => {
                 let conn = cmd.conn();
-                let is_close = matches!(cmd, Command::Close { .. });
-                let receipt = receipt_of(&cmd);
-                let ctx = self.ctx();
-                match self.engine.handle(cmd, ctx, &mut self.out) {
-                    Ok(()) => {
-                        self.absorb();
-                        if is_close {
-                            self.emit(conn, Outbound::Close);
+                if let Some(p) = self.parked.get_mut(&conn) {
+                    if !bypasses_parking(&cmd) {
+                        if matches!(cmd, Command::Close { .. }) {
+                            // Gone: what it was waiting to send was never receipted.
+                            self.parked.remove(&conn);
+                        } else {
+                            p.cmds.push_back(cmd);
+                            if p.cmds.len() >= PARKED_COMMANDS_MAX && !p.paused {
+                                p.paused = true;
+                                self.send(conn, Outbound::Pause);
+                            }
+                            return;
                         }
                     }
-                    // Already closed (an error or DISCONNECT raced with frames in flight).
-                    Err(EngineError::UnknownConnection) => {}
-                    Err(e) => self.fail(conn, e.to_string(), receipt),
+                } else if let Some(reason) = self.held_back(&cmd) {
+                    tracing::warn!(conn, %reason, "producer flow control: SEND held back");
+                    let parked = Parked {
+                        cmds: VecDeque::from([cmd]),
+                        since: Instant::now(),
+                        paused: false,
+                    };
+                    self.parked.insert(conn, parked);
+                    return;
                 }
+                self.apply(cmd);
             }
             CoreMsg::Fail {
                 conn,
@@ -251,7 +343,83 @@ impl Core {
         }
     }
 
+    /// Why `cmd` must wait now, if it must: a SEND to a destination at its limit, or a
+    /// persistent SEND while the disk is at its limit.
+    fn held_back(&self, cmd: &Command) -> Option<String> {
+        let Command::Send {
+            destination,
+            message,
+            ..
+        } = cmd
+        else {
+            return None;
+        };
+        if message.persistent {
+            if let Some(reason) = &self.disk_block {
+                return Some(reason.clone());
+            }
+        }
+        self.engine.admission(destination).err()
+    }
+
+    /// Lets held-back connections go on as far as the limits now allow; refuses a SEND that
+    /// waited longer than `producer_wait_ms_max`.
+    fn retry_parked(&mut self) {
+        let wait_max = Duration::from_millis(self.limits.producer_wait_ms_max);
+        let conns: Vec<ConnId> = self.parked.keys().copied().collect();
+        for conn in conns {
+            while let Some(p) = self.parked.get(&conn) {
+                let Some(cmd) = p.cmds.front() else {
+                    let p = self.parked.remove(&conn).expect("present");
+                    if p.paused {
+                        self.send(conn, Outbound::Resume);
+                    }
+                    break;
+                };
+                if let Some(reason) = self.held_back(cmd) {
+                    if p.since.elapsed() >= wait_max {
+                        let receipt = receipt_of(cmd);
+                        let waited = p.since.elapsed().as_millis();
+                        self.parked.remove(&conn);
+                        let message = format!(
+                            "flow control: {reason}; the SEND waited {waited} ms \
+                             (limits.producer_wait_ms_max = {})",
+                            self.limits.producer_wait_ms_max
+                        );
+                        tracing::warn!(conn, %message, "producer refused");
+                        self.fail(conn, message, receipt);
+                    }
+                    break;
+                }
+                let p = self.parked.get_mut(&conn).expect("present");
+                let cmd = p.cmds.pop_front().expect("front exists");
+                p.since = Instant::now();
+                self.apply(cmd);
+            }
+        }
+    }
+
+    /// Runs one command through the engine and queues what it produced.
+    fn apply(&mut self, cmd: Command) {
+        let conn = cmd.conn();
+        let is_close = matches!(cmd, Command::Close { .. });
+        let receipt = receipt_of(&cmd);
+        let ctx = self.ctx();
+        match self.engine.handle(cmd, ctx, &mut self.out) {
+            Ok(()) => {
+                self.absorb();
+                if is_close {
+                    self.emit(conn, Outbound::Close);
+                }
+            }
+            // Already closed (an error or DISCONNECT raced with frames in flight).
+            Err(EngineError::UnknownConnection) => {}
+            Err(e) => self.fail(conn, e.to_string(), receipt),
+        }
+    }
+
     fn fail(&mut self, conn: ConnId, message: String, receipt: Option<String>) {
+        self.parked.remove(&conn);
         if !self.conns.contains_key(&conn) {
             return;
         }
@@ -274,6 +442,10 @@ impl Core {
 
     /// Appends the engine's records and queues its effects behind them.
     fn absorb(&mut self) {
+        if let Some(f) = self.engine.take_fatal() {
+            tracing::error!("{f}");
+            self.fatal = Some(f);
+        }
         let mut out = std::mem::take(&mut self.out);
         for o in out.drain(..) {
             match o {
@@ -318,6 +490,7 @@ impl Core {
     fn release(&mut self, durable: Lsn) {
         assert!(durable >= self.durable, "durable LSN went backwards");
         self.durable = durable;
+        self.engine.set_durable_lsn(durable + 1);
         while self
             .gated
             .front()
@@ -326,6 +499,55 @@ impl Core {
             let (_, conn, ob) = self.gated.pop_front().expect("front exists");
             self.send(conn, ob);
         }
+    }
+
+    /// Sets `disk_block` from the journal's size and the file system's free space; logs when
+    /// it changes.
+    fn check_disk(&mut self, segments: u64) {
+        let used = segments * self.journal.config().segment_bytes;
+        let l = &self.limits;
+        let block = if l.disk_bytes_max > 0 && used >= l.disk_bytes_max {
+            Some(format!(
+                "the journal uses {used} bytes (limits.disk_bytes_max = {})",
+                l.disk_bytes_max
+            ))
+        } else {
+            match free_bytes(&l.dir) {
+                Some(free) if free < l.disk_free_bytes_min => Some(format!(
+                    "{free} bytes free on the journal's file system \
+                     (limits.disk_free_bytes_min = {})",
+                    l.disk_free_bytes_min
+                )),
+                _ => None,
+            }
+        };
+        match (&self.disk_block, &block) {
+            (None, Some(reason)) => {
+                tracing::warn!(%reason, "disk limit reached: persistent SENDs are held back")
+            }
+            (Some(_), None) => tracing::info!("disk back under its limits: SENDs flow again"),
+            _ => {}
+        }
+        self.disk_block = block;
+    }
+
+    fn log_paging(&mut self) {
+        let stats = self.engine.memory_stats();
+        let paging = stats.paged_out > 0;
+        if paging && !self.paging {
+            tracing::info!(
+                paged_out = stats.paged_out,
+                memory_bytes = stats.hot_bytes,
+                limit = self.limits.memory_bytes_max,
+                "memory limit reached: waiting messages beyond it stay in the journal only"
+            );
+        } else if !paging && self.paging {
+            tracing::info!(
+                paged_in_total = stats.paged_in_total,
+                "no messages paged out any more"
+            );
+        }
+        self.paging = paging;
     }
 
     /// Frees disk: deletes segments nothing live needs, and re-logs the few live records of
@@ -338,6 +560,8 @@ impl Core {
         // record is on disk before what it supersedes is deleted.
         self.journal.flush();
         let segments = self.journal.segments();
+        self.check_disk(segments.len() as u64);
+        self.log_paging();
         let next = self.journal.next_lsn();
         let min_live = self.engine.min_live_lsn().unwrap_or(next);
         if let Some(cp) = self.checkpoint {
@@ -369,7 +593,7 @@ impl Core {
                 let ctx = self.ctx();
                 let n = self.engine.relocate_below(
                     oldest.end_lsn,
-                    self.compaction_records_max,
+                    self.limits.compaction_records_max,
                     ctx,
                     &mut self.out,
                 );
@@ -453,7 +677,15 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         {
             let (engine, journal) = open(dir.path());
-            let mut core = Core::new(engine, journal, 1000);
+            let limits = CoreLimits {
+                compaction_records_max: 1000,
+                producer_wait_ms_max: 30_000,
+                disk_bytes_max: 0,
+                disk_free_bytes_min: 0,
+                dir: dir.path().to_path_buf(),
+                memory_bytes_max: u64::MAX,
+            };
+            let mut core = Core::new(engine, journal, limits);
             let (rtx, _rrx) = oneshot::channel();
             core.on_msg(CoreMsg::Connect {
                 conn: 1,

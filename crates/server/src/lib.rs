@@ -6,6 +6,7 @@ pub mod config;
 mod connection;
 mod core;
 mod error;
+mod loader;
 mod lock;
 
 pub use config::Config;
@@ -13,7 +14,9 @@ pub use error::ServerError;
 
 use crate::connection::Shared;
 use crate::core::Core;
-use haven_engine::{Destination, DlqPolicy, Engine, EngineConfig, Record, RedeliveryPolicy};
+use haven_engine::{
+    Destination, DestinationLimits, DlqPolicy, Engine, EngineConfig, Record, RedeliveryPolicy,
+};
 use haven_journal::{Journal, JournalConfig};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -57,12 +60,7 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
             .redelivery_policy
             .iter()
             .map(|p| RedeliveryPolicy {
-                destination: match p.destination.strip_prefix("/queue/") {
-                    Some(name) => Destination::Queue(name.to_string()),
-                    None => {
-                        Destination::Topic(p.destination.trim_start_matches("/topic/").to_string())
-                    }
-                },
+                destination: pattern_destination(&p.destination),
                 redeliveries_max: p.redeliveries_max.unwrap_or(d.redeliveries_max),
                 delay_initial_ms: p
                     .redelivery_delay_initial_ms
@@ -86,6 +84,27 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
         record_bytes_max,
         browse_messages_max: d.browse_messages_max,
         boot_id,
+        memory_bytes_max: c.limits.memory_bytes_max,
+        destination_limits: c
+            .limits
+            .destination
+            .iter()
+            .map(|l| DestinationLimits {
+                destination: pattern_destination(&l.destination),
+                memory_bytes_max: l.memory_bytes_max,
+                messages_max: l.messages_max,
+                bytes_max: l.bytes_max,
+            })
+            .collect(),
+        scheduled_messages_max: c.limits.scheduled_messages_max,
+    }
+}
+
+/// A validated `/queue/...` or `/topic/...` pattern from the config file.
+fn pattern_destination(text: &str) -> Destination {
+    match text.strip_prefix("/queue/") {
+        Some(name) => Destination::Queue(name.to_string()),
+        None => Destination::Topic(text.trim_start_matches("/topic/").to_string()),
     }
 }
 
@@ -124,6 +143,7 @@ impl Server {
         jcfg.batch_bytes_max = config.journal.batch_bytes_max;
         let record_bytes_max = jcfg.record_bytes_max();
         let mut engine = Engine::new(engine_config(&config, boot_id, record_bytes_max));
+        engine.set_loader(Box::new(loader::JournalLoader::new(dir.clone())));
         let started = Instant::now();
         let mut records = 0u64;
         let journal = tokio::task::block_in_place(|| {
@@ -157,7 +177,15 @@ impl Server {
         let (core_tx, core_rx) = mpsc::channel(CORE_QUEUE_COMMANDS_MAX);
         let (stop_tx, stop_rx) = watch::channel(false);
         let maintenance = Duration::from_millis(config.journal.maintenance_interval_ms);
-        let core = Core::new(engine, journal, config.journal.compaction_records_max);
+        let limits = core::CoreLimits {
+            compaction_records_max: config.journal.compaction_records_max,
+            producer_wait_ms_max: config.limits.producer_wait_ms_max,
+            disk_bytes_max: config.limits.disk_bytes_max,
+            disk_free_bytes_min: config.limits.disk_free_bytes_min,
+            dir: dir.clone(),
+            memory_bytes_max: config.limits.memory_bytes_max,
+        };
+        let core = Core::new(engine, journal, limits);
         let core = tokio::spawn(core.run(core_rx, stop_rx.clone(), maintenance));
         let shared = Arc::new(Shared {
             users: auth::Users::new(config.users.clone()),

@@ -249,6 +249,28 @@ impl BrokerProcess {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Peak resident set size of the running process since it was spawned (`VmHWM`), in bytes.
+    /// Each restart is a new process, so the peak covers only the current one.
+    pub fn rss_peak_bytes(&mut self) -> Result<u64, TestkitError> {
+        let pid = self.running_pid()?;
+        crate::rss_peak_bytes(pid)
+    }
+
+    /// Current resident set size of the running process (`VmRSS`), in bytes.
+    pub fn rss_bytes(&mut self) -> Result<u64, TestkitError> {
+        let pid = self.running_pid()?;
+        crate::rss_bytes(pid)
+    }
+
+    /// The pid of a process that has not exited. An exited but unreaped child still has a
+    /// `/proc` entry (a zombie, with no memory figures), so this checks first.
+    fn running_pid(&mut self) -> Result<u32, TestkitError> {
+        if !self.is_running() {
+            return Err(TestkitError::NotRunning);
+        }
+        Ok(self.child_mut()?.id())
+    }
+
     pub fn addr(&self) -> SocketAddr {
         self.opts.stomp_addr
     }

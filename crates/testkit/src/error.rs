@@ -22,6 +22,11 @@ pub enum TestkitError {
     },
     #[error("broker is not running")]
     NotRunning,
+    #[error("{path}: no `{field}: N kB` line", path = path.display())]
+    ProcStatus {
+        path: std::path::PathBuf,
+        field: &'static str,
+    },
     #[error("signal {signal} to pid {pid} failed: {source}")]
     Signal {
         signal: i32,

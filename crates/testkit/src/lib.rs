@@ -8,7 +8,9 @@
 mod broker;
 mod error;
 mod net;
+mod proc_status;
 
 pub use broker::{BrokerOpts, BrokerProcess, READY_TIMEOUT_MS, STOP_TIMEOUT_MS};
 pub use error::TestkitError;
 pub use net::{free_addr, free_port, stomp_connect_probe};
+pub use proc_status::{rss_bytes, rss_peak_bytes};

@@ -33,6 +33,8 @@ pub struct ConsumerPlan {
     pub warmup: u64,
     pub extra_headers: Vec<(String, String)>,
     pub progress: Arc<Progress>,
+    /// Record send→receive latency (false when the send times are another process's clock).
+    pub latency: bool,
 }
 
 /// Counters shared with the driver for the progress bar and the stop decision.
@@ -111,6 +113,8 @@ pub struct ConsumerReport {
     pub duplicates: u64,
     pub redelivered_flagged: u64,
     pub stale: u64,
+    /// Deliveries of post-warm-up messages (the received throughput's count).
+    pub measured: u64,
     pub latency_ns: Histogram<u64>,
     /// Time of the last measured (post-warm-up) delivery, ns since the epoch.
     pub last_receive_ns: u64,
@@ -225,6 +229,7 @@ pub async fn run(
         duplicates: state.duplicates,
         redelivered_flagged: state.redelivered,
         stale: state.stale,
+        measured: state.measured,
         latency_ns: state.latency_ns,
         last_receive_ns: state.last_receive_ns,
     })
@@ -236,6 +241,7 @@ struct State {
     duplicates: u64,
     redelivered: u64,
     stale: u64,
+    measured: u64,
     latency_ns: Histogram<u64>,
     last_receive_ns: u64,
     /// Newest unacked message for `client` mode: (ack header or message-id, subscription).
@@ -250,6 +256,7 @@ impl State {
             duplicates: 0,
             redelivered: 0,
             stale: 0,
+            measured: 0,
             latency_ns: report::new_histogram(),
             last_receive_ns: 0,
             pending_cumulative: None,
@@ -314,8 +321,11 @@ impl State {
             self.redelivered += 1;
         }
         if seq >= plan.warmup {
-            self.latency_ns
-                .saturating_record(now_ns.saturating_sub(sent_ns));
+            self.measured += 1;
+            if plan.latency {
+                self.latency_ns
+                    .saturating_record(now_ns.saturating_sub(sent_ns));
+            }
             self.last_receive_ns = self.last_receive_ns.max(now_ns);
         }
         Ok(())

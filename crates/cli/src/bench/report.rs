@@ -85,7 +85,13 @@ impl LoadOutcome {
             receipts: producers.iter().map(|p| p.receipts).sum(),
             delivered: consumers.iter().map(|c| c.deliveries).sum(),
             unique,
-            lost: sent - unique,
+            // A fill-only run (no consumers) owes no delivery yet: the messages stay queued
+            // for a later `--drain-only` run, which does the accounting.
+            lost: if consumers.is_empty() {
+                0
+            } else {
+                sent - unique
+            },
             duplicates,
             redelivered_flagged: consumers.iter().map(|c| c.redelivered_flagged).sum(),
             stale: consumers.iter().map(|c| c.stale).sum(),
@@ -94,7 +100,7 @@ impl LoadOutcome {
                 .map(|p| p.sent.saturating_sub(args.warmup))
                 .sum(),
             send_seconds: send_end.duration_since(start).as_secs_f64(),
-            recv_measured: latency_ns.len(),
+            recv_measured: consumers.iter().map(|c| c.measured).sum(),
             recv_seconds: Duration::from_nanos(recv_end_ns.saturating_sub(start_ns)).as_secs_f64(),
             receipt_latency_ns,
             latency_ns,
@@ -109,12 +115,14 @@ impl LoadOutcome {
         rate(self.recv_measured, self.recv_seconds)
     }
 
-    pub fn print(&self, args: &BenchArgs) {
+    pub fn print(&self, args: &BenchArgs, run_id: u64) {
         if args.json {
             let line = json!({
                 "kind": "load",
                 "label": args.label,
                 "url": args.url,
+                "run_id": run_id,
+                "drain_only": args.drain_only,
                 "producers": args.producers,
                 "consumers": args.consumers,
                 "size_bytes": args.size,
@@ -313,6 +321,7 @@ mod tests {
             duplicates,
             redelivered_flagged: 0,
             stale: 0,
+            measured: marks.len() as u64,
             latency_ns: new_histogram(),
             last_receive_ns: 0,
         }
@@ -337,6 +346,14 @@ mod tests {
         assert_eq!(outcome.unique, 4);
         assert_eq!(outcome.lost, 1);
         assert_eq!(outcome.duplicates, 2);
+    }
+
+    #[test]
+    fn a_fill_only_run_owes_no_delivery() {
+        let args = Cli::parse_from(["bench", "--consumers", "0"]).args;
+        let epoch = Instant::now();
+        let outcome = LoadOutcome::new(&args, epoch, vec![producer(0, 3, epoch)], vec![]);
+        assert_eq!((outcome.sent, outcome.lost, outcome.duplicates), (3, 0, 0));
     }
 
     #[test]
