@@ -1713,9 +1713,8 @@ impl Engine {
         for (lsn, seq) in drained.spilled {
             self.live.remove(lsn, &LiveObject::Message(seq));
         }
-        for (seq, cref) in drained.cold {
-            self.live.remove(cref.lsn, &LiveObject::Message(seq));
-        }
+        // Paged-out messages are in no other structure: dropping them is enough.
+        drop(drained.cold);
         let key = self.queue(q).key.clone();
         for e in drained.entries {
             if let Some(stored) = self.stored.get_mut(&e.msg.seq) {
@@ -1804,13 +1803,11 @@ impl Engine {
                     .queue_mut(q)
                     .remove_cold(&msg.seq)
                     .expect("replay pages to cold");
-                self.live.remove(cref.lsn, &LiveObject::Message(msg.seq));
                 let key = self.queue(q).key.clone();
                 if holders == [key.clone()] {
                     // Re-logged in place: still paged out, described by the new record.
                     self.queue_mut(q)
                         .insert_cold(msg.seq, paging::paging_ref(lsn, &msg));
-                    self.live.insert(lsn, LiveObject::Message(msg.seq));
                     return;
                 }
                 // Moved on: bring it back as held by `q` and let the general path move it.
@@ -1857,9 +1854,7 @@ impl Engine {
     fn replay_remove(&mut self, key: &QueueKey, seq: u64) {
         let Some(stored) = self.stored.get(&seq) else {
             if let Some(&q) = self.queue_ids.get(key) {
-                if let Some(cref) = self.queue_mut(q).remove_cold(&seq) {
-                    self.live.remove(cref.lsn, &LiveObject::Message(seq));
-                }
+                self.queue_mut(q).remove_cold(&seq);
             }
             return;
         };
@@ -1895,16 +1890,19 @@ impl Engine {
 
     /// Lowest LSN the log must keep for durable state, if any is held.
     pub fn min_live_lsn(&self) -> Option<u64> {
-        self.live.min_lsn()
+        match (self.live.min_lsn(), self.cold_lsn_min()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Durable objects (messages, durable subscriptions) currently held.
     pub fn live_count(&self) -> usize {
-        self.live.len()
+        self.live.len() + self.memory_stats().paged_out as usize
     }
 
     pub fn live_count_in(&self, lo: u64, hi: u64) -> usize {
-        self.live.count_in(lo, hi)
+        self.live.count_in(lo, hi) + self.cold_count_in(lo, hi)
     }
 
     /// Compaction: re-logs up to `max` live objects described below `lsn`, so the segments
@@ -1918,7 +1916,12 @@ impl Engine {
     ) -> usize {
         assert!(self.out.is_empty());
         self.lsn = ctx.next_lsn;
-        let objects = self.live.below(lsn_limit, max);
+        let mut objects = self.live.below(lsn_limit, max);
+        let room = max.saturating_sub(objects.len());
+        if room > 0 {
+            let cold = self.cold_below(lsn_limit, room);
+            objects.extend(cold.into_iter().map(|(l, s)| (l, LiveObject::Message(s))));
+        }
         let n = objects.len();
         for (lsn, object) in objects {
             match object {
@@ -1995,9 +1998,9 @@ impl Engine {
             }
         }
         for q in self.queues.iter().flatten() {
-            for (seq, cref) in &q.cold {
+            for (seq, cref) in q.cold.iter() {
                 if !cref.spilled {
-                    m.entry(q.key.clone()).or_default().insert(*seq);
+                    m.entry(q.key.clone()).or_default().insert(seq);
                 }
             }
         }

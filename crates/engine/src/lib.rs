@@ -14,6 +14,7 @@
 //! gives the rule of the architecture — nothing is acknowledged or dispatched before the log
 //! has it — while one pipeline serves every topology.
 
+mod cold;
 mod command;
 mod config;
 pub mod cron;

@@ -190,8 +190,10 @@ impl Engine {
                     "a delivered message is never paged out"
                 );
                 queue.insert_cold(seq, cref);
+                // The log is now its only copy; the cold entry keeps its record alive (the
+                // live set holds only what is in memory).
+                self.live.remove(cref.lsn, &LiveObject::Message(seq));
                 if !cref.spilled {
-                    // The log is now its only copy; the live set still names its record.
                     let s = self
                         .stored
                         .remove(&seq)
@@ -250,9 +252,10 @@ impl Engine {
                     let queue = self.queue_mut(q);
                     queue.remove_cold(&seq);
                     let key = queue.key.clone();
-                    if cref.spilled {
-                        self.live.remove(cref.lsn, &LiveObject::Message(seq));
-                    } else {
+                    // A spilled message back in memory needs its record no more; a persistent
+                    // one is tracked like any stored message again.
+                    if !cref.spilled {
+                        self.live.insert(cref.lsn, LiveObject::Message(seq));
                         let stored = Stored {
                             msg: msg.clone(),
                             lsn: cref.lsn,
@@ -281,7 +284,7 @@ impl Engine {
         let holds = |q: QueueId| {
             self.queues[q]
                 .as_ref()
-                .is_some_and(|queue| queue.cold.contains_key(&seq) || queue.tail.contains_key(&seq))
+                .is_some_and(|queue| queue.cold.contains(seq) || queue.tail.contains_key(&seq))
         };
         if let Some(&q) = hint.iter().find(|&&q| holds(q)) {
             return Some(q);
@@ -296,7 +299,7 @@ impl Engine {
         // find the copy this record describes.
         let at = |q: &QueueId| {
             self.queues[*q].as_ref().is_some_and(|queue| {
-                queue.cold.get(&seq).is_some_and(|c| c.lsn == old_lsn)
+                queue.cold.get(seq).is_some_and(|c| c.lsn == old_lsn)
                     || queue
                         .tail
                         .get(&seq)
@@ -322,7 +325,7 @@ impl Engine {
                 .spill_lsn = Some(lsn);
             return;
         }
-        let cref = self.queue(q).cold[&seq];
+        let cref = *self.queue(q).cold.get(seq).expect("found there");
         assert_eq!(cref.lsn, old_lsn);
         let loader = self.loader.as_mut().expect("cold messages need a loader");
         let msg = match loader.load(cref.lsn, seq) {
@@ -332,25 +335,18 @@ impl Engine {
                 return;
             }
         };
-        self.queue_mut(q).remove_cold(&seq);
-        self.live.remove(old_lsn, &LiveObject::Message(seq));
-        let entry = Entry {
-            msg: msg.clone(),
-            deliveries: 0,
-            redelivered: cref.recovered,
-        };
-        if cref.spilled {
-            let lsn = self.log(crate::record::Record::Spill { message: msg });
-            self.push_tail(q, entry, Some(lsn));
+        // Written again and left paged out, pointing at the new record (not read back until
+        // that record is durable: see `page_in`).
+        let lsn = if cref.spilled {
+            self.log(crate::record::Record::Spill { message: msg })
         } else {
             let holders = vec![self.queue(q).key.clone()];
-            let lsn = self.log(crate::record::Record::Store {
-                message: msg.clone(),
-                holders: holders.clone(),
-            });
-            self.track_store(msg, holders, lsn);
-            self.push_tail(q, entry, None);
-        }
+            self.log(crate::record::Record::Store {
+                message: msg,
+                holders,
+            })
+        };
+        self.queue_mut(q).cold.set_lsn(seq, lsn);
     }
 
     /// Replay: a persistent message newly held by `q` alone goes straight to the log-only
@@ -360,18 +356,49 @@ impl Engine {
             return false;
         }
         self.queue_mut(q).insert_cold(msg.seq, paging_ref(lsn, msg));
-        self.live.insert(lsn, LiveObject::Message(msg.seq));
         self.paging_queues.insert(q);
         true
     }
 
-    /// Count of log-only objects for the invariant check: cold messages and spilled tail ones.
+    /// Spilled messages in tails, for the invariant check (the live set holds their records).
     pub(super) fn paged_live_count(&self) -> usize {
         self.queues
             .iter()
             .flatten()
-            .map(|q| q.cold.len() + q.tail.values().filter(|t| t.spill_lsn.is_some()).count())
+            .map(|q| q.tail.values().filter(|t| t.spill_lsn.is_some()).count())
             .sum()
+    }
+
+    /// Lowest LSN a paged-out message needs kept.
+    pub(super) fn cold_lsn_min(&self) -> Option<u64> {
+        self.paging_queues
+            .iter()
+            .filter_map(|&q| self.queues[q].as_ref()?.cold.lsn_min())
+            .min()
+    }
+
+    /// Paged-out messages described by records in `lo..hi`.
+    pub(super) fn cold_count_in(&self, lo: u64, hi: u64) -> usize {
+        self.paging_queues
+            .iter()
+            .filter_map(|&q| self.queues[q].as_ref())
+            .map(|queue| queue.cold.count_in(lo, hi))
+            .sum()
+    }
+
+    /// Up to `max` (lsn, seq) of paged-out messages described below `lsn_limit`.
+    pub(super) fn cold_below(&self, lsn_limit: u64, max: usize) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for &q in &self.paging_queues {
+            let Some(queue) = self.queues[q].as_ref() else {
+                continue;
+            };
+            out.extend(queue.cold.below(lsn_limit, max - out.len()));
+            if out.len() >= max {
+                break;
+            }
+        }
+        out
     }
 }
 

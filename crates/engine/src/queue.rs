@@ -2,6 +2,8 @@
 //! subscriber's buffer or a temporary queue — they differ only in who consumes and whether
 //! the log knows them.
 
+use crate::cold::ColdQueue;
+pub(crate) use crate::cold::ColdRef;
 use crate::message::Message;
 use crate::selector::Selector;
 use crate::types::{ConnId, QueueKey};
@@ -19,20 +21,6 @@ pub(crate) struct Entry {
     pub deliveries: u32,
     /// May have been delivered before this broker knew (recovered from the log).
     pub redelivered: bool,
-}
-
-/// A waiting message whose only copy is in the log (paged out): where to read it back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ColdRef {
-    /// The record describing the message (a `Store`, `Commit` or `Spill`).
-    pub lsn: u64,
-    /// Its `size_bytes`, so limits can count it without reading it.
-    pub bytes: u32,
-    /// A non-persistent message spilled to the log: gone after a restart, and its record is
-    /// kept alive only while it is paged out.
-    pub spilled: bool,
-    /// Recovered from the log after a restart: may have been delivered before.
-    pub recovered: bool,
 }
 
 /// A message that arrived while the queue was paging, kept in memory until its record is
@@ -84,13 +72,13 @@ pub(crate) struct Queue {
     delayed: BTreeMap<(u64, u64), Entry>,
     delayed_at: HashMap<u64, u64>,
     /// Paged out, by seq (arrival order): they come after everything in `ready`.
-    pub cold: BTreeMap<u64, ColdRef>,
+    pub cold: ColdQueue,
     /// Arrived while paging, by seq; merged with `cold` in seq order when paged in.
     pub tail: BTreeMap<u64, TailEntry>,
     /// `size_bytes` of the messages in `ready`.
     ready_bytes: u64,
-    /// `size_bytes` of the messages in `cold` and `tail`.
-    paged_bytes: u64,
+    /// `size_bytes` of the messages in `tail`.
+    tail_bytes: u64,
     /// The same, summed over every queue of the engine (shared counter).
     hot_bytes_total: Arc<AtomicU64>,
 }
@@ -110,10 +98,10 @@ impl Queue {
             grouped_waiting: 0,
             delayed: BTreeMap::new(),
             delayed_at: HashMap::new(),
-            cold: BTreeMap::new(),
+            cold: ColdQueue::default(),
             tail: BTreeMap::new(),
             ready_bytes: 0,
-            paged_bytes: 0,
+            tail_bytes: 0,
             hot_bytes_total,
         }
     }
@@ -133,34 +121,29 @@ impl Queue {
         self.ready_bytes
     }
 
-    pub fn insert_cold(&mut self, seq: u64, cref: ColdRef) -> Option<ColdRef> {
-        self.paged_bytes += u64::from(cref.bytes);
-        let old = self.cold.insert(seq, cref);
-        assert!(old.is_none(), "message paged out twice");
-        old
+    pub fn insert_cold(&mut self, seq: u64, cref: ColdRef) {
+        self.cold.insert(seq, cref);
     }
 
     pub fn remove_cold(&mut self, seq: &u64) -> Option<ColdRef> {
-        let cref = self.cold.remove(seq)?;
-        self.paged_bytes -= u64::from(cref.bytes);
-        Some(cref)
+        self.cold.remove(*seq)
     }
 
     pub fn insert_tail(&mut self, seq: u64, t: TailEntry) -> Option<TailEntry> {
-        self.paged_bytes += t.entry.msg.size_bytes() as u64;
+        self.tail_bytes += t.entry.msg.size_bytes() as u64;
         self.tail.insert(seq, t)
     }
 
     pub fn remove_tail(&mut self, seq: &u64) -> Option<TailEntry> {
         let t = self.tail.remove(seq)?;
-        self.paged_bytes -= t.entry.msg.size_bytes() as u64;
+        self.tail_bytes -= t.entry.msg.size_bytes() as u64;
         Some(t)
     }
 
     /// Bytes of waiting messages, in memory or paged out (what a destination's `bytes_max`
     /// limits).
     pub fn waiting_bytes(&self) -> u64 {
-        self.ready_bytes + self.paged_bytes
+        self.ready_bytes + self.tail_bytes + self.cold.bytes()
     }
 
     /// Messages wait behind paged-out ones: new arrivals must queue in `tail`.
@@ -170,7 +153,7 @@ impl Queue {
 
     /// The earliest paged message (cold or tail), by arrival order.
     pub fn next_paged(&self) -> Option<Paged> {
-        let c = self.cold.first_key_value().map(|(s, r)| (*s, *r));
+        let c = self.cold.first();
         let t = self.tail.first_key_value().map(|(s, _)| *s);
         match (c, t) {
             (Some((cs, r)), Some(ts)) if cs < ts => Some(Paged::Cold(cs, r)),
@@ -222,7 +205,7 @@ impl Queue {
         self.ready.contains_key(&(Reverse(msg.priority), msg.seq))
             || self.inflight.contains_key(&msg.seq)
             || self.delayed_at.contains_key(&msg.seq)
-            || self.cold.contains_key(&msg.seq)
+            || self.cold.contains(msg.seq)
             || self.tail.contains_key(&msg.seq)
     }
 
@@ -297,8 +280,8 @@ impl Queue {
             }
             entries.push(t.entry);
         }
-        let cold = std::mem::take(&mut self.cold).into_iter().collect();
-        self.paged_bytes = 0;
+        let cold = self.cold.take_all();
+        self.tail_bytes = 0;
         Drained {
             entries,
             spilled,

@@ -211,7 +211,7 @@ impl Default for LimitsConfig {
             transaction_ops_max: 100_000,
             transactions_per_connection_max: 1_000,
             subscriptions_per_connection_max: 10_000,
-            memory_bytes_max: 256 * 1024 * 1024,
+            memory_bytes_max: 128 * 1024 * 1024,
             disk_bytes_max: 0,
             disk_free_bytes_min: 1024 * 1024 * 1024,
             producer_wait_ms_max: 30_000,

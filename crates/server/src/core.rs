@@ -67,6 +67,11 @@ const LAZY_RECORDS_MAX: u64 = 1_000;
 /// Records appended but not yet durable beyond which the core stops taking commands.
 const UNSYNCED_RECORDS_MAX: u64 = 50_000;
 
+/// Record bytes appended but not yet durable beyond which the core stops taking commands:
+/// bounds the journal's buffers and the messages held in memory until their record is durable
+/// (a deep backlog's new arrivals), whatever the message size.
+const UNSYNCED_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
 /// Commands of one held-back connection queued behind its waiting SEND, beyond which its
 /// socket is no longer read (the client then blocks on TCP).
 const PARKED_COMMANDS_MAX: usize = 1_000;
@@ -114,6 +119,11 @@ pub(crate) struct Core {
     paging: bool,
     /// A failure the engine met (a paged-out message could not be read back): stop.
     fatal: Option<String>,
+    /// Record bytes appended since start, and (last LSN, total then) per loop round not yet
+    /// durable: what `UNSYNCED_BYTES_MAX` measures.
+    appended_bytes: u64,
+    appended_marks: VecDeque<(Lsn, u64)>,
+    synced_bytes: u64,
 }
 
 fn now_ms() -> u64 {
@@ -187,6 +197,9 @@ impl Core {
             disk_block: None,
             paging: false,
             fatal: None,
+            appended_bytes: 0,
+            appended_marks: VecDeque::new(),
+            synced_bytes: 0,
         }
     }
 
@@ -216,7 +229,8 @@ impl Core {
                 }
                 // Producers outrunning the disk wait here instead of growing the journal's
                 // buffer without bound.
-                msg = rx.recv(), if self.journal.next_lsn() - 1 - self.durable < UNSYNCED_RECORDS_MAX => {
+                msg = rx.recv(), if self.journal.next_lsn() - 1 - self.durable < UNSYNCED_RECORDS_MAX
+                    && self.appended_bytes - self.synced_bytes < UNSYNCED_BYTES_MAX => {
                     let Some(msg) = msg else { break Ok(()) };
                     self.on_msg(msg);
                     for _ in 0..COMMANDS_PER_BATCH_MAX {
@@ -244,6 +258,14 @@ impl Core {
             }
             if let Some(f) = self.fatal.take() {
                 break Err(ServerError::JournalFailed(f));
+            }
+            let last = self.journal.next_lsn() - 1;
+            if last <= self.durable {
+                // Everything appended is durable already.
+                self.appended_marks.clear();
+                self.synced_bytes = self.appended_bytes;
+            } else if self.appended_marks.back().is_none_or(|m| m.0 < last) {
+                self.appended_marks.push_back((last, self.appended_bytes));
             }
             self.kick_journal();
         };
@@ -453,6 +475,7 @@ impl Core {
                     self.buf.clear();
                     record.encode(&mut self.buf);
                     let expected = self.journal.next_lsn();
+                    self.appended_bytes += self.buf.len() as u64;
                     let lsn = self.journal.append(&self.buf);
                     assert_eq!(lsn, expected, "journal LSNs are consecutive");
                 }
@@ -491,6 +514,13 @@ impl Core {
         assert!(durable >= self.durable, "durable LSN went backwards");
         self.durable = durable;
         self.engine.set_durable_lsn(durable + 1);
+        while let Some(&(lsn, bytes)) = self.appended_marks.front() {
+            if lsn > durable {
+                break;
+            }
+            self.synced_bytes = bytes;
+            self.appended_marks.pop_front();
+        }
         while self
             .gated
             .front()
