@@ -70,7 +70,11 @@ pub struct QueueStats {
 
 #[derive(Debug)]
 struct Sub {
-    queue: QueueId,
+    /// The queues it consumes from: one, or for a wildcard queue consumer (`/queue/a.>`) every
+    /// named queue the pattern matches, including ones created later.
+    queues: Vec<QueueId>,
+    /// The pattern of a wildcard queue consumer.
+    queue_pattern: Option<String>,
     /// `activemq.exclusive`: sole consumer of its queue while subscribed.
     exclusive: bool,
     /// `activemq.priority`: higher is served first.
@@ -105,7 +109,7 @@ struct Conn {
     client_id: Option<String>,
     subs: HashMap<String, Sub>,
     /// tag → (subscription id, seq)
-    deliveries: HashMap<u64, (String, u64)>,
+    deliveries: HashMap<u64, (String, u64, QueueId)>,
     next_tag: u64,
     txs: HashMap<String, Tx>,
     temp_queues: Vec<QueueId>,
@@ -130,6 +134,9 @@ pub struct Engine {
     /// `VirtualTopic.X` → the queues `Consumer.<group>.VirtualTopic.X` (ActiveMQ's virtual
     /// topics: each consumer group load-balances its own copy of the topic).
     virtual_queues: HashMap<String, Vec<QueueId>>,
+    /// Wildcard queue consumers: (pattern, connection, subscription), attached to every named
+    /// queue the pattern matches, including queues created after they subscribed.
+    wildcard_queue_subs: Vec<(String, ConnId, String)>,
     conns: HashMap<ConnId, Conn>,
     client_ids: HashMap<String, ConnId>,
     stored: HashMap<u64, Stored>,
@@ -172,6 +179,7 @@ impl Engine {
             topics: HashMap::new(),
             wildcard_topics: HashMap::new(),
             virtual_queues: HashMap::new(),
+            wildcard_queue_subs: Vec::new(),
             conns: HashMap::new(),
             client_ids: HashMap::new(),
             stored: HashMap::new(),
@@ -480,11 +488,15 @@ impl Engine {
                 self.cfg.subscriptions_per_connection_max,
             ));
         }
-        if let Destination::Queue(name) = &destination {
-            if is_wildcard(name) {
-                return Err(EngineError::WildcardQueue(destination.to_string()));
+        let queue_pattern = match &destination {
+            Destination::Queue(name) if is_wildcard(name) => {
+                if options.browser || durable_name.is_some() {
+                    return Err(EngineError::WildcardQueue(destination.to_string()));
+                }
+                Some(name.clone())
             }
-        }
+            _ => None,
+        };
         if let Destination::TempQueue { owner, .. } | Destination::TempTopic { owner, .. } =
             &destination
         {
@@ -556,17 +568,38 @@ impl Engine {
                 topic = Some(destination.clone());
                 q
             }
+            (Destination::Queue(_), _) if queue_pattern.is_some() => usize::MAX,
             (Destination::Queue(name), _) => self.queue_for(QueueKey::Queue(name.clone())),
             (Destination::TempQueue { owner, name }, _) => self.temp_queue(*owner, name),
         };
-        self.queue_mut(queue).consumers.push((conn, sub_id.clone()));
+        let queues: Vec<QueueId> = match &queue_pattern {
+            Some(pattern) => {
+                let mut qs: Vec<QueueId> = self
+                    .queue_ids
+                    .iter()
+                    .filter(
+                        |(k, _)| matches!(k, QueueKey::Queue(n) if wildcard_matches(pattern, n)),
+                    )
+                    .map(|(_, &q)| q)
+                    .collect();
+                qs.sort_unstable();
+                self.wildcard_queue_subs
+                    .push((pattern.clone(), conn, sub_id.clone()));
+                qs
+            }
+            None => vec![queue],
+        };
+        for &q in &queues {
+            self.queue_mut(q).consumers.push((conn, sub_id.clone()));
+        }
         let queue_selector = if durable.is_none() && !private_queue {
             options.selector
         } else {
             None
         };
         let sub = Sub {
-            queue,
+            queues: queues.clone(),
+            queue_pattern,
             ack,
             prefetch,
             inflight: 0,
@@ -584,7 +617,7 @@ impl Engine {
             .expect("checked")
             .subs
             .insert(sub_id, sub);
-        self.to_dispatch.insert(queue);
+        self.to_dispatch.extend(queues);
         Ok(())
     }
 
@@ -664,7 +697,8 @@ impl Engine {
             sub_id: sub_id.clone(),
         });
         let sub = Sub {
-            queue: q,
+            queues: vec![q],
+            queue_pattern: None,
             ack: AckMode::Auto,
             prefetch,
             inflight: 0,
@@ -738,18 +772,29 @@ impl Engine {
         let c = self.conns.get_mut(&conn).expect("known connection");
         let sub = c.subs.remove(sub_id).expect("known subscription");
         assert!(sub.tags.is_empty() && sub.seq_tags.is_empty());
-        let q = self.queue_mut(sub.queue);
-        q.consumers.retain(|(cc, s)| !(*cc == conn && s == sub_id));
-        // Its groups move to whichever consumer gets their next message.
-        q.groups.retain(|_, (cc, s)| !(*cc == conn && s == sub_id));
-        q.next_consumer = 0;
+        if sub.queue_pattern.is_some() {
+            self.wildcard_queue_subs
+                .retain(|(_, cc, s)| !(*cc == conn && s == sub_id));
+        }
+        for &q in &sub.queues {
+            let queue = self.queue_mut(q);
+            queue
+                .consumers
+                .retain(|(cc, s)| !(*cc == conn && s == sub_id));
+            // Its groups move to whichever consumer gets their next message.
+            queue
+                .groups
+                .retain(|_, (cc, s)| !(*cc == conn && s == sub_id));
+            queue.next_consumer = 0;
+        }
         if sub.private_queue {
+            let q = sub.queues[0];
             let topic = sub.topic.expect("private queues belong to topics");
-            self.detach_topic(&topic, sub.queue);
-            let mut queue = self.remove_queue(sub.queue);
+            self.detach_topic(&topic, q);
+            let mut queue = self.remove_queue(q);
             drop(queue.drain_all().entries);
         } else {
-            self.to_dispatch.insert(sub.queue);
+            self.to_dispatch.extend(sub.queues);
         }
     }
 
@@ -982,7 +1027,7 @@ impl Engine {
         let unknown = || EngineError::UnknownAck(ack.to_string());
         let (sub_id, tag) = match ack {
             AckRef::Tag(tag) => {
-                let (sub_id, _) = c.deliveries.get(tag).ok_or_else(unknown)?;
+                let (sub_id, _, _) = c.deliveries.get(tag).ok_or_else(unknown)?;
                 (sub_id.clone(), *tag)
             }
             AckRef::MessageId {
@@ -1002,7 +1047,8 @@ impl Engine {
                         // The whole id must match, not just its number: non-persistent numbers
                         // are reused after a restart, their ids never are.
                         let tag = *sub.seq_tags.get(&seq)?;
-                        let held = &self.queue(sub.queue).inflight.get(&seq)?.entry.msg.id;
+                        let q = c.deliveries.get(&tag)?.2;
+                        let held = &self.queue(q).inflight.get(&seq)?.entry.msg.id;
                         (held == message_id).then(|| (id.clone(), tag))
                     });
                 found.ok_or_else(unknown)?
@@ -1032,8 +1078,8 @@ impl Engine {
             let max = self.cfg.transaction_ops_max;
             let bytes_max = self.cfg.transaction_bytes_max;
             let ack_key_bytes = tags.first().map_or(0, |tag| {
-                let (sub_id, _) = &self.conns[&conn].deliveries[tag];
-                match &self.queue(self.conns[&conn].subs[sub_id].queue).key {
+                let (_, _, q) = &self.conns[&conn].deliveries[tag];
+                match &self.queue(*q).key {
                     QueueKey::Queue(n) => n.len(),
                     QueueKey::Durable { client_id, name } => client_id.len() + name.len(),
                     QueueKey::TopicSub { .. } | QueueKey::Temp { .. } => 0,
@@ -1136,7 +1182,7 @@ impl Engine {
     /// Forgets a delivery tag on its connection and subscription; returns (queue, seq).
     fn take_delivery(&mut self, conn: ConnId, tag: u64) -> (QueueId, u64) {
         let c = self.conns.get_mut(&conn).expect("known connection");
-        let (sub_id, seq) = c.deliveries.remove(&tag).expect("known delivery");
+        let (sub_id, seq, q) = c.deliveries.remove(&tag).expect("known delivery");
         let sub = c
             .subs
             .get_mut(&sub_id)
@@ -1146,11 +1192,12 @@ impl Engine {
             .expect("tag tracked by its subscription");
         sub.seq_tags.remove(&seq);
         sub.inflight -= 1;
-        self.to_dispatch.insert(sub.queue);
+        // Credit freed: every queue of the subscription may dispatch again.
+        self.to_dispatch.extend(sub.queues.iter().copied());
         for tx in c.txs.values_mut() {
             tx.acked_tags.remove(&tag);
         }
-        (sub.queue, seq)
+        (q, seq)
     }
 
     /// A positive acknowledgement: the queue no longer holds the message.
@@ -1484,7 +1531,7 @@ impl Engine {
         let seq = entry.msg.seq;
         sub.tags.insert(tag, seq);
         sub.seq_tags.insert(seq, tag);
-        c.deliveries.insert(tag, (sub_id.to_string(), seq));
+        c.deliveries.insert(tag, (sub_id.to_string(), seq, q));
         let old = self
             .queue_mut(q)
             .inflight
@@ -1525,6 +1572,26 @@ impl Engine {
                     .entry(topic.to_string())
                     .or_default()
                     .push(q);
+            }
+            // A new queue joins the wildcard consumers that match it.
+            let joining: Vec<(ConnId, String)> = self
+                .wildcard_queue_subs
+                .iter()
+                .filter(|(pattern, _, _)| wildcard_matches(pattern, name))
+                .map(|(_, conn, sub_id)| (*conn, sub_id.clone()))
+                .collect();
+            for (conn, sub_id) in joining {
+                let sub = self
+                    .conns
+                    .get_mut(&conn)
+                    .and_then(|c| c.subs.get_mut(&sub_id))
+                    .expect("wildcard consumers are live subscriptions");
+                sub.queues.push(q);
+                self.queues[q]
+                    .as_mut()
+                    .expect("just added")
+                    .consumers
+                    .push((conn, sub_id));
             }
         }
         self.queue_ids.insert(key, q);
@@ -2016,18 +2083,24 @@ impl Engine {
         for (conn, c) in &self.conns {
             let mut tags = 0;
             for (sub_id, sub) in &c.subs {
-                let queue = self.queue(sub.queue);
-                assert!(
-                    queue
-                        .consumers
-                        .iter()
-                        .any(|(cc, s)| cc == conn && s == sub_id),
-                    "subscription not attached to its queue"
-                );
+                for &q in &sub.queues {
+                    assert!(
+                        self.queue(q)
+                            .consumers
+                            .iter()
+                            .any(|(cc, s)| cc == conn && s == sub_id),
+                        "subscription not attached to its queue"
+                    );
+                }
                 for (tag, seq) in &sub.tags {
-                    let f = &queue.inflight[seq];
+                    let (d_sub, d_seq, q) = &c.deliveries[tag];
+                    assert_eq!((d_sub, d_seq), (sub_id, seq));
+                    assert!(
+                        sub.queues.contains(q),
+                        "delivery from a queue it does not consume"
+                    );
+                    let f = &self.queue(*q).inflight[seq];
                     assert_eq!((f.conn, f.tag), (*conn, *tag));
-                    assert_eq!(c.deliveries[tag], (sub_id.clone(), *seq));
                 }
                 assert_eq!(sub.inflight as usize, sub.tags.len());
                 tags += sub.tags.len();

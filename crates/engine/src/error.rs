@@ -41,7 +41,7 @@ pub enum EngineError {
     BrowseNotQueue(String),
     #[error("'{0}' is a wildcard: messages are sent to one concrete destination")]
     WildcardSend(String),
-    #[error("'{0}': wildcard consumers are supported on topics only (queue wildcards are not built yet)")]
+    #[error("'{0}': a wildcard queue consumer cannot browse or be durable")]
     WildcardQueue(String),
     #[error("bad schedule: {0}")]
     BadSchedule(String),

@@ -86,17 +86,60 @@ fn sending_to_a_wildcard_or_consuming_a_wildcard_queue_is_refused() {
         receipt: None,
     };
     assert!(matches!(h.cmd(send), Err(EngineError::WildcardSend(_))));
-    let sub = Command::Subscribe {
+    let browse = Command::Subscribe {
         conn: 1,
         sub_id: "s".into(),
         destination: Destination::Queue("orders.*".into()),
         ack: AckMode::Auto,
         prefetch: 1,
         durable_name: None,
-        options: Default::default(),
+        options: SubscribeOptions {
+            browser: true,
+            ..Default::default()
+        },
         receipt: None,
     };
-    assert!(matches!(h.cmd(sub), Err(EngineError::WildcardQueue(_))));
+    assert!(matches!(h.cmd(browse), Err(EngineError::WildcardQueue(_))));
+}
+
+#[test]
+fn wildcard_queue_consumer_takes_from_every_matching_queue_old_and_new() {
+    let mut h = Harness::new(EngineConfig::default());
+    h.connect(1, None);
+    h.connect(2, None);
+    h.send(1, "/queue/orders.eu", "eu-1", true);
+    h.send(1, "/queue/other", "other-1", true);
+    let fx = h.subscribe(2, "w", "/queue/orders.>", AckMode::ClientIndividual, 10);
+    assert_eq!(bodies(&fx), vec!["eu-1"]);
+    // A queue created after the SUBSCRIBE joins it.
+    let fx = h.send(1, "/queue/orders.us.east", "us-1", true);
+    let ds = deliveries(&fx);
+    assert_eq!(bodies(&fx), vec!["us-1"]);
+    assert_eq!(
+        ds[0].1.message.destination.to_string(),
+        "/queue/orders.us.east"
+    );
+    assert!(bodies(&h.send(1, "/queue/ordersX", "no", true)).is_empty());
+    // ACK works per message; NACK redelivers from the message's own queue.
+    h.nack(2, ds[0].1.ack_tag);
+    let again = deliveries(&h.send(1, "/queue/orders.eu", "eu-2", true));
+    let got: Vec<String> = again
+        .iter()
+        .map(|(_, d)| String::from_utf8(d.message.body.to_vec()).unwrap())
+        .collect();
+    assert!(got.contains(&"eu-2".to_string()), "{got:?}");
+    // Closing detaches it from every queue; what it held goes back.
+    h.close(2);
+    // Prefetch is shared: with prefetch 1 only one message is out at a time.
+    h.connect(3, None);
+    h.send(1, "/queue/orders.a", "a-1", true);
+    h.send(1, "/queue/orders.b", "b-1", true);
+    let fx = h.subscribe(3, "one", "/queue/orders.>", AckMode::ClientIndividual, 1);
+    assert_eq!(deliveries(&fx).len(), 1);
+    h.close(3);
+    h.connect(4, None);
+    let fx = h.subscribe(4, "plain", "/queue/orders.us.east", AckMode::Auto, 100);
+    assert_eq!(bodies(&fx), vec!["us-1"]);
 }
 
 #[test]

@@ -55,7 +55,10 @@ async fn scheduled_message_survives_a_restart_and_is_delivered_once() {
     server.shutdown().await.unwrap();
     let server = Server::start(cfg).await.unwrap();
     let c = connect(&server).await;
-    let mut sub = c.subscribe("/queue/later", AckMode::Auto, &[]).await.unwrap();
+    let mut sub = c
+        .subscribe("/queue/later", AckMode::Auto, &[])
+        .await
+        .unwrap();
     for _ in 0..3 {
         assert_eq!(next_body(&mut sub).await, "tick");
     }
@@ -126,7 +129,10 @@ async fn a_full_destination_holds_the_send_until_a_consumer_makes_room() {
         )
         .await
         .unwrap();
-    let first = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap();
+    let first = tokio::time::timeout(WAIT, sub.next())
+        .await
+        .unwrap()
+        .unwrap();
     c.ack_receipted(&first).await.unwrap();
     tokio::time::timeout(WAIT, held)
         .await
@@ -134,7 +140,10 @@ async fn a_full_destination_holds_the_send_until_a_consumer_makes_room() {
         .unwrap();
     let mut bodies = vec![String::from_utf8(first.body.to_vec()).unwrap()];
     for _ in 0..3 {
-        let m = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap();
+        let m = tokio::time::timeout(WAIT, sub.next())
+            .await
+            .unwrap()
+            .unwrap();
         bodies.push(String::from_utf8(m.body.to_vec()).unwrap());
         c.ack_receipted(&m).await.unwrap();
     }
@@ -163,7 +172,10 @@ async fn a_send_held_too_long_gets_an_error_naming_the_limit() {
     );
     // Nothing beyond the limit was stored.
     let c = connect(&server).await;
-    let mut sub = c.subscribe("/queue/fc.b", AckMode::Auto, &[]).await.unwrap();
+    let mut sub = c
+        .subscribe("/queue/fc.b", AckMode::Auto, &[])
+        .await
+        .unwrap();
     for i in 0..3 {
         assert_eq!(next_body(&mut sub).await, format!("m{i}"));
     }
@@ -194,7 +206,10 @@ async fn a_connection_held_back_can_still_ack_what_it_consumes() {
         .await
         .unwrap();
     // Plain ACKs (no receipt) are not queued behind the held SEND.
-    let m = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap();
+    let m = tokio::time::timeout(WAIT, sub.next())
+        .await
+        .unwrap()
+        .unwrap();
     pc.ack(&m).await.unwrap();
     tokio::time::timeout(WAIT, held)
         .await
