@@ -37,6 +37,10 @@ pub trait MessageLoader: Send {
     /// The message numbered `seq` as described by the record at `lsn` (a `Store`, `Commit`,
     /// `Spill` or `Fire`). An error means the log cannot give back what it acknowledged.
     fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String>;
+
+    /// The (lsn, seq) pairs `load` will most likely be asked for next, in order: a loader may
+    /// read and decode them ahead, off the caller's thread. A hint only; the default ignores it.
+    fn prefetch(&mut self, _next: &[(u64, u64)]) {}
 }
 
 /// How much of the waiting backlog is in memory and how much only in the log.
@@ -274,6 +278,22 @@ impl Engine {
         }
         if !self.queue(q).is_paging() {
             self.paging_queues.remove(&q);
+            return;
+        }
+        // Let the loader read the next batch ahead while consumers work through this one.
+        let durable = self.durable_lsn;
+        let next: Vec<(u64, u64)> = self
+            .queue(q)
+            .cold
+            .iter()
+            .take(PAGE_IN_HIGH_MESSAGES)
+            .filter(|(_, c)| c.lsn < durable)
+            .map(|(seq, c)| (c.lsn, seq))
+            .collect();
+        if !next.is_empty() {
+            if let Some(loader) = self.loader.as_mut() {
+                loader.prefetch(&next);
+            }
         }
     }
 

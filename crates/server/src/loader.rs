@@ -1,34 +1,124 @@
 //! Reads paged-out messages back from the journal for the engine (see the engine's `paging`).
+//!
+//! The engine reads in batches, in arrival order, on the core task. To keep that task free for
+//! dispatch, the engine hints the next batch (`prefetch`) and a worker thread reads and decodes
+//! it ahead with its own journal reader; `load` then finds most messages decoded already, and
+//! reads the rest itself.
 
 use haven_engine::{Message, MessageLoader, Record};
 use haven_journal::Reader;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 
-/// Opens its reader on first use: the engine gets the loader before replay (so a deep backlog
+/// Decoded messages waiting for `load`, at most: one batch ahead, plus slack. Beyond it the
+/// worker drops what was never asked for (consumers went away).
+const PREFETCHED_MESSAGES_MAX: usize = 16_384;
+
+type Decoded = Arc<Mutex<HashMap<(u64, u64), Arc<Message>>>>;
+
+/// Opens its readers on first use: the engine gets the loader before replay (so a deep backlog
 /// is recovered paged out), but reads only once the broker serves.
 pub(crate) struct JournalLoader {
     dir: PathBuf,
     reader: Option<Reader>,
+    decoded: Decoded,
+    hints: Option<SyncSender<Vec<(u64, u64)>>>,
 }
 
 impl JournalLoader {
     pub fn new(dir: PathBuf) -> JournalLoader {
-        JournalLoader { dir, reader: None }
+        JournalLoader {
+            dir,
+            reader: None,
+            decoded: Arc::default(),
+            hints: None,
+        }
     }
+
+    fn start_worker(&mut self) -> Option<SyncSender<Vec<(u64, u64)>>> {
+        // One hint in the queue at most: a newer one while the worker is busy is dropped.
+        let (tx, rx) = mpsc::sync_channel::<Vec<(u64, u64)>>(1);
+        let dir = self.dir.clone();
+        let decoded = self.decoded.clone();
+        let spawned = std::thread::Builder::new()
+            .name("haven-prefetch".into())
+            .spawn(move || {
+                let mut reader: Option<Reader> = None;
+                // Ends when the loader (the engine) is dropped.
+                while let Ok(batch) = rx.recv() {
+                    for (lsn, seq) in batch {
+                        if decoded
+                            .lock()
+                            .expect("prefetch map")
+                            .contains_key(&(lsn, seq))
+                        {
+                            continue;
+                        }
+                        // A failure here is not reported: `load` reads again and reports it.
+                        let Ok(msg) = read_message(&mut reader, &dir, lsn, seq) else {
+                            break;
+                        };
+                        let mut map = decoded.lock().expect("prefetch map");
+                        if map.len() >= PREFETCHED_MESSAGES_MAX {
+                            map.clear();
+                        }
+                        map.insert((lsn, seq), msg);
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "no read-ahead thread; paged-out messages are read on demand");
+                None
+            }
+        }
+    }
+}
+
+fn read_message(
+    reader: &mut Option<Reader>,
+    dir: &Path,
+    lsn: u64,
+    seq: u64,
+) -> Result<Arc<Message>, String> {
+    if reader.is_none() {
+        *reader = Some(Reader::open(dir).map_err(|e| e.to_string())?);
+    }
+    let reader = reader.as_mut().expect("just opened");
+    let payload = reader.read(lsn).map_err(|e| e.to_string())?;
+    let record = Record::decode(&payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
+    record
+        .message_with_seq(seq)
+        .cloned()
+        .ok_or_else(|| format!("record {lsn} does not carry message {seq}"))
 }
 
 impl MessageLoader for JournalLoader {
     fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
-        if self.reader.is_none() {
-            self.reader = Some(Reader::open(&self.dir).map_err(|e| e.to_string())?);
+        if let Some(msg) = self
+            .decoded
+            .lock()
+            .expect("prefetch map")
+            .remove(&(lsn, seq))
+        {
+            return Ok(msg);
         }
-        let reader = self.reader.as_mut().expect("just opened");
-        let payload = reader.read(lsn).map_err(|e| e.to_string())?;
-        let record = Record::decode(&payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
-        record
-            .message_with_seq(seq)
-            .cloned()
-            .ok_or_else(|| format!("record {lsn} does not carry message {seq}"))
+        read_message(&mut self.reader, &self.dir, lsn, seq)
+    }
+
+    fn prefetch(&mut self, next: &[(u64, u64)]) {
+        if self.hints.is_none() {
+            self.hints = self.start_worker();
+        }
+        let Some(tx) = &self.hints else {
+            return;
+        };
+        match tx.try_send(next.to_vec()) {
+            Ok(()) | Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Disconnected(_)) => self.hints = None,
+        }
     }
 }
