@@ -29,6 +29,10 @@ use std::sync::Arc;
 const PAGE_IN_LOW_MESSAGES: usize = 1_000;
 /// One page-in brings the in-memory window up to this many messages (or the byte budget).
 const PAGE_IN_HIGH_MESSAGES: usize = 4_000;
+/// Producers are held back when messages in memory reach this multiple of the budget (only
+/// when paging cannot keep up or cannot apply).
+const MEMORY_HARD_FACTOR: u64 = 2;
+
 /// Tail entries one call looks at when moving durable ones out of memory.
 const PAGE_OUT_SCAN_MAX: usize = 8_192;
 
@@ -46,7 +50,8 @@ pub trait MessageLoader: Send {
 /// How much of the waiting backlog is in memory and how much only in the log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
-    /// Bytes of waiting messages in memory, over all queues.
+    /// Bytes of waiting messages in memory (dispatchable, or arrived while paging and not
+    /// yet paged out), over all queues.
     pub hot_bytes: u64,
     /// Messages paged out (only in the log).
     pub paged_out: u64,
@@ -71,9 +76,13 @@ impl Engine {
         self.loader = Some(loader);
     }
 
-    /// Every record below `lsn` is durable (readable back).
+    /// Every record below `lsn` is durable (readable back): tail messages whose record now is
+    /// leave memory at once (this emits nothing, so it needs no call context).
     pub fn set_durable_lsn(&mut self, lsn: u64) {
         self.durable_lsn = self.durable_lsn.max(lsn);
+        if !self.paging_queues.is_empty() {
+            self.page_out_tails();
+        }
     }
 
     /// A fatal error met while paging (the log could not give a message back).
@@ -427,6 +436,17 @@ impl Engine {
     /// (a queue it reaches holds `messages_max` messages or `bytes_max` bytes). The caller
     /// holds the SEND back and retries; the engine itself never refuses for this.
     pub fn admission(&self, destination: &Destination) -> Result<(), String> {
+        // Paging keeps memory near the budget; what it cannot move out (messages shared by
+        // several durable subscriptions, a burst not yet on disk) must not grow without bound.
+        let hot = self.hot_bytes_total.load(Ordering::Relaxed);
+        let hard_max = self.cfg.memory_bytes_max.saturating_mul(MEMORY_HARD_FACTOR);
+        if hot >= hard_max {
+            return Err(format!(
+                "{hot} bytes of messages are held in memory and cannot be paged out \
+                 (twice limits.memory_bytes_max = {})",
+                self.cfg.memory_bytes_max
+            ));
+        }
         let targets: Vec<QueueId> = match destination {
             Destination::Queue(name) => self
                 .queue_ids

@@ -79,7 +79,8 @@ pub(crate) struct Queue {
     ready_bytes: u64,
     /// `size_bytes` of the messages in `tail`.
     tail_bytes: u64,
-    /// The same, summed over every queue of the engine (shared counter).
+    /// Bytes of waiting messages in memory (`ready` and `tail`), summed over every queue of
+    /// the engine (shared counter).
     hot_bytes_total: Arc<AtomicU64>,
 }
 
@@ -130,13 +131,17 @@ impl Queue {
     }
 
     pub fn insert_tail(&mut self, seq: u64, t: TailEntry) -> Option<TailEntry> {
-        self.tail_bytes += t.entry.msg.size_bytes() as u64;
+        let bytes = t.entry.msg.size_bytes() as u64;
+        self.tail_bytes += bytes;
+        self.hot_bytes_total.fetch_add(bytes, Ordering::Relaxed);
         self.tail.insert(seq, t)
     }
 
     pub fn remove_tail(&mut self, seq: &u64) -> Option<TailEntry> {
         let t = self.tail.remove(seq)?;
-        self.tail_bytes -= t.entry.msg.size_bytes() as u64;
+        let bytes = t.entry.msg.size_bytes() as u64;
+        self.tail_bytes -= bytes;
+        self.hot_bytes_total.fetch_sub(bytes, Ordering::Relaxed);
         Some(t)
     }
 
@@ -281,6 +286,8 @@ impl Queue {
             entries.push(t.entry);
         }
         let cold = self.cold.take_all();
+        self.hot_bytes_total
+            .fetch_sub(self.tail_bytes, Ordering::Relaxed);
         self.tail_bytes = 0;
         Drained {
             entries,
@@ -302,6 +309,6 @@ impl Drop for Queue {
     fn drop(&mut self) {
         // The shared total must not keep counting a queue that is gone.
         self.hot_bytes_total
-            .fetch_sub(self.ready_bytes, Ordering::Relaxed);
+            .fetch_sub(self.ready_bytes + self.tail_bytes, Ordering::Relaxed);
     }
 }

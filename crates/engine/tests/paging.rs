@@ -209,3 +209,39 @@ fn durable_subscription_backlog_pages_too() {
     }
     assert_eq!(got, numbered(200));
 }
+
+#[test]
+fn memory_that_paging_cannot_free_holds_producers_back() {
+    // Two durable subscriptions share every message: such messages stay in memory, so past
+    // twice the budget the engine asks the caller to hold SENDs back.
+    let mut h = paging_harness();
+    for (conn, client) in [(1, "c1"), (2, "c2")] {
+        h.connect(conn, Some(client));
+        h.ok(Command::Subscribe {
+            conn,
+            sub_id: "d".into(),
+            destination: Destination::parse("/topic/shared", conn).unwrap(),
+            ack: AckMode::ClientIndividual,
+            prefetch: 1,
+            durable_name: Some("d".into()),
+            options: Default::default(),
+            receipt: None,
+        });
+        h.close(conn);
+    }
+    h.connect(3, None);
+    let topic = Destination::Topic("shared".into());
+    let mut sent = 0;
+    while h.engine.admission(&topic).is_ok() {
+        h.send(3, "/topic/shared", &format!("m{sent}"), true);
+        sent += 1;
+        assert!(
+            sent < 1_000,
+            "memory grows without the admission check biting"
+        );
+    }
+    let reason = h.engine.admission(&topic).unwrap_err();
+    assert!(reason.contains("memory_bytes_max"), "{reason}");
+    // Other destinations are held back too: memory is the broker's.
+    assert!(h.engine.admission(&Destination::Queue("q".into())).is_err());
+}
