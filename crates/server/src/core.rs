@@ -333,8 +333,10 @@ impl Core {
                 let conn = cmd.conn();
                 if let Some(p) = self.parked.get_mut(&conn) {
                     if !bypasses_parking(&cmd) {
-                        if matches!(cmd, Command::Close { .. }) {
-                            // Gone: what it was waiting to send was never receipted.
+                        if matches!(cmd, Command::Close { receipt: None, .. }) {
+                            // The socket is gone: what it was waiting to send was never
+                            // receipted. (A DISCONNECT with a receipt waits its turn: its
+                            // RECEIPT says every earlier frame was handled.)
                             self.parked.remove(&conn);
                         } else {
                             p.cmds.push_back(cmd);
