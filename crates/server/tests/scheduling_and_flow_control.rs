@@ -257,3 +257,52 @@ async fn the_disk_limit_holds_persistent_sends_but_not_non_persistent_ones() {
     }
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn non_persistent_messages_beyond_memory_spill_to_the_journal_and_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), |c| {
+        c.limits.memory_bytes_max = 1024 * 1024;
+    });
+    let server = Server::start(cfg).await.unwrap();
+    let p = connect(&server).await;
+    const N: usize = 3_000; // about 7 MiB by the broker's estimate: most of it spills
+    let body = "x".repeat(1024);
+    for i in 0..N {
+        let headers = [("persistent", "false"), ("n", &i.to_string() as &str)];
+        if i % 500 == 499 {
+            p.send_receipted("/queue/spill", &headers, body.clone())
+                .await
+                .unwrap();
+        } else {
+            p.send("/queue/spill", &headers, body.clone())
+                .await
+                .unwrap();
+        }
+    }
+    // (That the engine spills beyond its budget is checked in the engine's paging tests; this
+    // one checks the way back through the journal reader of a running broker.)
+    let c = connect(&server).await;
+    let mut sub = c
+        .subscribe(
+            "/queue/spill",
+            AckMode::Auto,
+            &[("activemq.prefetchSize", "100")],
+        )
+        .await
+        .unwrap();
+    for i in 0..N {
+        let m = tokio::time::timeout(WAIT, sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            m.header("n"),
+            Some(i.to_string().as_str()),
+            "in order, once"
+        );
+        assert_eq!(m.body.len(), 1024);
+    }
+    assert!(tokio::time::timeout(QUIET, sub.next()).await.is_err());
+    server.shutdown().await.unwrap();
+}
