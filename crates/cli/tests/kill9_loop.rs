@@ -35,6 +35,8 @@ use haven_testkit::{free_addr, BrokerOpts, BrokerProcess};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const QUEUE: &str = "/queue/kill9";
+/// In-memory budget of the queue under test, in bytes: a few messages.
+const MEMORY_BYTES_MAX: u64 = 8 * 1024;
 const KILLS: u32 = 20;
 const PRODUCERS: usize = 2;
 /// Receipts each producer keeps outstanding (pipelining, so group commit has work to batch).
@@ -400,11 +402,17 @@ async fn receipted_messages_survive_repeated_kill9() {
     let started = Instant::now();
 
     let dir = tempfile::tempdir().unwrap();
-    let opts = BrokerOpts::new(
+    let mut opts = BrokerOpts::new(
         env!("CARGO_BIN_EXE_haven"),
         dir.path().join("data"),
         free_addr(),
     );
+    // A tiny memory budget for the queue: beyond a couple of waiting messages the backlog is
+    // paged out to the journal, so the kills also hit paging, paged recovery and compaction of
+    // paged-out messages.
+    opts.config_toml = Some(format!(
+        "[[limits.destination]]\ndestination = \"{QUEUE}\"\nmemory_bytes_max = {MEMORY_BYTES_MAX}\n"
+    ));
     let mut broker = BrokerProcess::start(opts).expect("broker starts");
     let url = broker.stomp_url();
 
@@ -503,6 +511,10 @@ async fn receipted_messages_survive_repeated_kill9() {
     let _ = drain_conn.disconnect().await;
     let log_tail = broker.log_tail();
     broker.stop().expect("broker stops");
+    // How often the backlog outgrew memory (for the record; depends on timing).
+    let broker_log = std::fs::read_to_string(dir.path().join("data.log")).unwrap_or_default();
+    let paging_starts = broker_log.matches("memory limit reached").count();
+    println!("kill9_loop: the backlog was paged out {paging_starts} time(s)");
 
     let log = log.lock().unwrap();
     let mut missing: Vec<&String> = receipted
