@@ -963,6 +963,16 @@ impl Engine {
                 self.to_dispatch.insert(q);
                 continue;
             }
+            if self.queue(q).is_paging() {
+                // Behind paged-out messages, in memory (not spillable here: a transaction's
+                // commit, or held by several durable subscriptions).
+                self.push_tail(q, entry, None);
+                if durable_msg && key.is_durable_kind() {
+                    holders.push(key);
+                }
+                self.to_dispatch.insert(q);
+                continue;
+            }
             let queue = self.queue_mut(q);
             queue.push(entry);
             if let QueueKey::TopicSub { .. } = key {
@@ -1339,11 +1349,14 @@ impl Engine {
             return;
         }
         let from_key = self.queue(from).key.clone();
-        self.queue_mut(to).push(Entry {
-            msg: msg.clone(),
-            deliveries: 0,
-            redelivered: true,
-        });
+        self.enqueue(
+            to,
+            Entry {
+                msg: msg.clone(),
+                deliveries: 0,
+                redelivered: true,
+            },
+        );
         self.to_dispatch.insert(to);
         if let Some(stored) = self.stored.get(&msg.seq) {
             // One record moves it: its holders become the others plus the DLQ.
@@ -1544,6 +1557,15 @@ impl Engine {
 
     // ----------------------------------------------------------------------------------------
     // Queues
+
+    /// Puts a message in a queue's waiting line: behind its paged-out messages if it has any.
+    fn enqueue(&mut self, q: QueueId, entry: Entry) {
+        if self.queue(q).is_paging() {
+            self.push_tail(q, entry, None);
+        } else {
+            self.queue_mut(q).push(entry);
+        }
+    }
 
     fn queue(&self, q: QueueId) -> &Queue {
         self.queues[q].as_ref().expect("live queue id")
@@ -1899,20 +1921,20 @@ impl Engine {
             .unwrap_or_default();
         for key in old.iter().filter(|k| !holders.contains(k)) {
             if let Some(&q) = self.queue_ids.get(key) {
-                self.queue_mut(q).remove_ready(&msg);
+                self.queue_mut(q).remove_waiting(&msg);
             }
         }
         for key in holders.iter().filter(|k| !old.contains(k)) {
             // A durable subscription's own record may come later (compaction re-logs it):
             // the queue exists from now on and adopts its topic then.
             let q = self.queue_for(key.clone());
-            let queue = self.queue_mut(q);
-            if !queue.contains(&msg) {
-                queue.push(Entry {
+            if !self.queue(q).contains(&msg) {
+                let entry = Entry {
                     msg: msg.clone(),
                     deliveries: 0,
                     redelivered: false,
-                });
+                };
+                self.enqueue(q, entry);
             }
         }
         self.track_store(msg, holders, lsn);
@@ -1927,7 +1949,7 @@ impl Engine {
         };
         let msg = stored.msg.clone();
         if let Some(&q) = self.queue_ids.get(key) {
-            self.queue_mut(q).remove_ready(&msg);
+            self.queue_mut(q).remove_waiting(&msg);
             self.removed(q, &msg);
         }
         // Replay logs nothing: drop what `removed` gathered.
@@ -1945,6 +1967,11 @@ impl Engine {
             }
             for e in queue.ready_entries_mut() {
                 e.redelivered = true;
+            }
+            // Replay puts messages behind paged-out ones in the tail (and pages out the rest
+            // marked recovered).
+            for t in queue.tail.values_mut() {
+                t.entry.redelivered = true;
             }
         }
         Ok(())

@@ -199,6 +199,19 @@ impl Queue {
         Some(e)
     }
 
+    /// Takes a waiting in-memory message out, from `ready` or the paging tail.
+    pub fn remove_waiting(&mut self, msg: &Message) -> Option<Entry> {
+        if let Some(e) = self.remove_ready(msg) {
+            return Some(e);
+        }
+        let t = self.remove_tail(&msg.seq)?;
+        assert!(
+            t.spill_lsn.is_none(),
+            "a spilled message leaves through paging"
+        );
+        Some(t.entry)
+    }
+
     fn note_taken(&mut self, e: &Entry) {
         if e.msg.group().is_some() {
             self.grouped_waiting -= 1;

@@ -1330,6 +1330,16 @@ proptest! {
     ) {
         run(&ops);
     }
+}
+
+proptest! {
+    // Paging bugs hide in rarer interleavings (a DLQ move replayed behind paged-out messages
+    // needed ~2,000 cases to show up): more cases than the plain model.
+    #![proptest_config(ProptestConfig {
+        cases: 2_048,
+        max_shrink_iters: 20_000,
+        ..ProptestConfig::default()
+    })]
 
     /// The same model with a tiny memory budget: messages are paged out to the log and read
     /// back, spilled when non-persistent, compacted and recovered while paged out.
