@@ -102,6 +102,8 @@ struct Tx {
     /// Deliveries acknowledged (true) or refused (false) inside the transaction.
     acks: Vec<(u64, bool)>,
     acked_tags: BTreeSet<u64>,
+    /// SENDs among `sends` that are scheduled (`AMQ_SCHEDULED_*`).
+    scheduled: usize,
 }
 
 #[derive(Debug)]
@@ -279,7 +281,12 @@ impl Engine {
                 }
                 let table = scheduler::timetable(&message.headers)?;
                 match (transaction, table) {
-                    (Some(_), Some(_)) => return Err(EngineError::ScheduledInTransaction),
+                    (Some(tx), Some(table)) => {
+                        let pending = self.tx_mut(conn, &tx)?.scheduled;
+                        self.check_schedulable(&destination, &table, pending + 1)?;
+                        self.tx_push_send(conn, &tx, destination, message)?;
+                        self.tx_mut(conn, &tx)?.scheduled += 1;
+                    }
                     (Some(tx), None) => self.tx_push_send(conn, &tx, destination, message)?,
                     (None, table) => {
                         self.check_record_size(&[(&destination, &message)], 0)?;
@@ -1137,6 +1144,11 @@ impl Engine {
             let sends: Vec<(&Destination, &NewMessage)> =
                 tx.sends.iter().map(|(d, m)| (d, m)).collect();
             self.check_record_size(&sends, tx.acks.len() * 64)?;
+            if self.schedules.len() + tx.scheduled > self.cfg.scheduled_messages_max {
+                return Err(EngineError::TooManyScheduled(
+                    self.cfg.scheduled_messages_max,
+                ));
+            }
         }
         let tx = self
             .conns
@@ -1162,7 +1174,12 @@ impl Engine {
         // A NACK above may have dead-lettered (and logged) a message; the commit record is next.
         let lsn = self.lsn;
         let mut stores = Vec::new();
+        let mut schedules = Vec::new();
         for (destination, message) in tx.sends {
+            if let Ok(Some(table)) = scheduler::timetable(&message.headers) {
+                schedules.push(self.new_schedule(destination, message, &table));
+                continue;
+            }
             let msg = self.number(&destination, message);
             let holders = self.route(conn, &destination, msg.clone(), lsn, false);
             if !holders.is_empty() {
@@ -1173,9 +1190,16 @@ impl Engine {
             .into_iter()
             .flat_map(|(q, seqs)| seqs.into_iter().map(move |s| (q.clone(), s)))
             .collect();
-        if !stores.is_empty() || !removes.is_empty() {
-            let logged = self.log(Record::Commit { stores, removes });
+        if !stores.is_empty() || !removes.is_empty() || !schedules.is_empty() {
+            let logged = self.log(Record::Commit {
+                stores,
+                removes,
+                schedules: schedules.clone(),
+            });
             assert_eq!(logged, lsn);
+        }
+        for (msg, state) in schedules {
+            self.apply_schedule(msg, state, lsn);
         }
         Ok(())
     }
@@ -1830,12 +1854,19 @@ impl Engine {
                     self.replay_remove(&queue, seq);
                 }
             }
-            Record::Commit { stores, removes } => {
+            Record::Commit {
+                stores,
+                removes,
+                schedules,
+            } => {
                 for (q, seq) in removes {
                     self.replay_remove(&q, seq);
                 }
                 for (m, h) in stores {
                     self.replay_store(m, h, lsn);
+                }
+                for (m, state) in schedules {
+                    self.replay_schedule(m, state, lsn);
                 }
             }
             Record::DurableSubscribe {

@@ -23,10 +23,12 @@ pub enum Record {
         queue: QueueKey,
         seqs: Vec<u64>,
     },
-    /// A committed transaction: all of its stores and removes, atomically.
+    /// A committed transaction: all of its stores, removes and scheduled messages, atomically.
     Commit {
         stores: Vec<(Arc<Message>, Vec<QueueKey>)>,
         removes: Vec<(QueueKey, u64)>,
+        /// A commit with schedules has its own tag, so commits without keep their encoding.
+        schedules: Vec<(Arc<Message>, ScheduleState)>,
     },
     DurableSubscribe {
         client_id: String,
@@ -85,6 +87,7 @@ const TAG_CHECKPOINT: u8 = 6;
 const TAG_SPILL: u8 = 7;
 const TAG_SCHEDULE: u8 = 8;
 const TAG_FIRE: u8 = 9;
+const TAG_COMMIT_SCHEDULED: u8 = 10;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("undecodable log record at byte {offset}: {reason}")]
@@ -109,8 +112,16 @@ impl Record {
                     put_u64(out, *s);
                 }
             }
-            Record::Commit { stores, removes } => {
-                out.push(TAG_COMMIT);
+            Record::Commit {
+                stores,
+                removes,
+                schedules,
+            } => {
+                out.push(if schedules.is_empty() {
+                    TAG_COMMIT
+                } else {
+                    TAG_COMMIT_SCHEDULED
+                });
                 put_u32(out, stores.len() as u32);
                 for (m, h) in stores {
                     put_message(out, m);
@@ -120,6 +131,13 @@ impl Record {
                 for (q, s) in removes {
                     put_queue(out, q);
                     put_u64(out, *s);
+                }
+                if !schedules.is_empty() {
+                    put_u32(out, schedules.len() as u32);
+                    for (m, state) in schedules {
+                        put_any_message(out, m);
+                        put_schedule(out, state);
+                    }
                 }
             }
             Record::DurableSubscribe {
@@ -187,7 +205,13 @@ impl Record {
             | Record::Spill { message }
             | Record::Schedule { message, .. }
             | Record::Fire { message, .. } => Some(message).filter(|m| m.seq == seq),
-            Record::Commit { stores, .. } => stores.iter().map(|(m, _)| m).find(|m| m.seq == seq),
+            Record::Commit {
+                stores, schedules, ..
+            } => stores
+                .iter()
+                .map(|(m, _)| m)
+                .chain(schedules.iter().map(|(m, _)| m))
+                .find(|m| m.seq == seq),
             _ => None,
         }
     }
@@ -215,7 +239,7 @@ impl Record {
                 }
                 Record::Remove { queue, seqs }
             }
-            TAG_COMMIT => {
+            tag @ (TAG_COMMIT | TAG_COMMIT_SCHEDULED) => {
                 let n = r.count(16)?;
                 let mut stores = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -228,7 +252,20 @@ impl Record {
                     let q = r.queue()?;
                     removes.push((q, r.u64()?));
                 }
-                Record::Commit { stores, removes }
+                let mut schedules = Vec::new();
+                if tag == TAG_COMMIT_SCHEDULED {
+                    let n = r.count(16)?;
+                    schedules.reserve(n);
+                    for _ in 0..n {
+                        let m = Arc::new(r.any_message()?);
+                        schedules.push((m, r.schedule()?));
+                    }
+                }
+                Record::Commit {
+                    stores,
+                    removes,
+                    schedules,
+                }
             }
             TAG_DURABLE_SUBSCRIBE => Record::DurableSubscribe {
                 client_id: r.string()?,
@@ -491,7 +528,8 @@ mod tests {
             let records = vec![
                 Record::Store { message: m.clone(), holders: holders.clone() },
                 Record::Remove { queue: QueueKey::Queue(hv.clone()), seqs: seqs.clone() },
-                Record::Commit { stores: vec![(m.clone(), holders)], removes: seqs.iter().map(|s| (QueueKey::Queue("a".into()), *s)).collect() },
+                Record::Commit { stores: vec![(m.clone(), holders.clone())], removes: seqs.iter().map(|s| (QueueKey::Queue("a".into()), *s)).collect(), schedules: Vec::new() },
+                Record::Commit { stores: vec![(m.clone(), holders)], removes: Vec::new(), schedules: vec![(m.clone(), ScheduleState { due_ms: 9, repeats_left: 2, anchor_ms: 0 })] },
                 Record::DurableSubscribe { client_id: hk.clone(), name: hv.clone(), topic: "t".into(), selector: Some("a = 1".into()) },
                 Record::DurableUnsubscribe { client_id: hk, name: hv },
                 Record::Checkpoint { next_seq: seq },

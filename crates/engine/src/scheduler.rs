@@ -161,21 +161,57 @@ impl Engine {
         message: NewMessage,
         table: Timetable,
     ) -> Result<(), EngineError> {
+        self.check_schedulable(&destination, &table, 1)?;
+        let (msg, state) = self.new_schedule(destination, message, &table);
+        let lsn = self.log(Record::Schedule {
+            message: msg.clone(),
+            state,
+        });
+        self.apply_schedule(msg, state, lsn);
+        Ok(())
+    }
+
+    /// Refuses a schedule that can never be held: to a temporary destination, a cron that never
+    /// fires, or `more` beyond the limit on held schedules.
+    pub(super) fn check_schedulable(
+        &self,
+        destination: &Destination,
+        table: &Timetable,
+        more: usize,
+    ) -> Result<(), EngineError> {
         if destination.is_temporary() {
             return Err(EngineError::BadSchedule(
                 "scheduled delivery to a temporary destination is not supported".into(),
             ));
         }
-        if self.schedules.len() >= self.cfg.scheduled_messages_max {
+        if self.schedules.len() + more > self.cfg.scheduled_messages_max {
             return Err(EngineError::TooManyScheduled(
                 self.cfg.scheduled_messages_max,
             ));
         }
-        let Some(state) = table.first(self.now_ms) else {
+        if table.first(self.now_ms).is_none() {
             return Err(EngineError::BadSchedule(format!(
                 "{HEADER_CRON} never fires in the next five years"
             )));
-        };
+        }
+        Ok(())
+    }
+
+    /// Numbers a scheduled message and computes its first firing; the caller logs it (alone,
+    /// or in a transaction's commit) and then applies it.
+    pub(super) fn new_schedule(
+        &mut self,
+        destination: Destination,
+        message: NewMessage,
+        table: &Timetable,
+    ) -> (Arc<Message>, ScheduleState) {
+        // Checked when the SEND was accepted; a cron that stopped firing since (five years on)
+        // fires once now rather than never.
+        let state = table.first(self.now_ms).unwrap_or(ScheduleState {
+            due_ms: self.now_ms,
+            repeats_left: 0,
+            anchor_ms: 0,
+        });
         let seq = self.next_seq;
         self.next_seq += 1;
         let msg = Arc::new(Message {
@@ -189,15 +225,10 @@ impl Engine {
             expires_ms: message.expires_ms,
             timestamp_ms: self.now_ms,
         });
-        let lsn = self.log(Record::Schedule {
-            message: msg.clone(),
-            state,
-        });
-        self.apply_schedule(msg, state, lsn);
-        Ok(())
+        (msg, state)
     }
 
-    fn apply_schedule(&mut self, msg: Arc<Message>, state: ScheduleState, lsn: u64) {
+    pub(super) fn apply_schedule(&mut self, msg: Arc<Message>, state: ScheduleState, lsn: u64) {
         let seq = msg.seq;
         if let Some(old) = self.schedules.remove(&seq) {
             self.schedule_due.remove(&(old.state.due_ms, seq));

@@ -183,20 +183,6 @@ fn bad_schedules_are_refused() {
         let e = scheduled_send(&mut h, 1, "/queue/s", "x", &headers, None).unwrap_err();
         assert!(matches!(e, EngineError::BadSchedule(_)), "{headers:?}: {e}");
     }
-    h.ok(Command::Begin {
-        conn: 1,
-        transaction: "t".into(),
-        receipt: None,
-    });
-    let e = scheduled_send(
-        &mut h,
-        1,
-        "/queue/s",
-        "x",
-        &[("AMQ_SCHEDULED_DELAY", "5")],
-        Some("t"),
-    );
-    assert_eq!(e.unwrap_err(), EngineError::ScheduledInTransaction);
     scheduled_send(
         &mut h,
         1,
@@ -242,4 +228,50 @@ fn scheduled_to_temporary_destinations_is_refused() {
         None,
     );
     assert!(matches!(e.unwrap_err(), EngineError::BadSchedule(_)));
+}
+
+#[test]
+fn scheduled_sends_in_a_transaction_are_held_from_its_commit_and_survive_a_crash() {
+    let mut h = Harness::new(EngineConfig::default());
+    h.connect(1, None);
+    for tx in ["keep", "drop"] {
+        h.ok(Command::Begin {
+            conn: 1,
+            transaction: tx.into(),
+            receipt: None,
+        });
+        scheduled_send(
+            &mut h,
+            1,
+            "/queue/s",
+            tx,
+            &[("AMQ_SCHEDULED_DELAY", "1000")],
+            Some(tx),
+        )
+        .unwrap();
+    }
+    assert_eq!(h.engine.scheduled_count(), 0, "nothing before COMMIT");
+    h.ok(Command::Abort {
+        conn: 1,
+        transaction: "drop".into(),
+        receipt: None,
+    });
+    h.ok(Command::Commit {
+        conn: 1,
+        transaction: "keep".into(),
+        receipt: None,
+    });
+    assert_eq!(h.engine.scheduled_count(), 1);
+    h.crash_and_recover();
+    assert_eq!(
+        h.engine.scheduled_count(),
+        1,
+        "the commit record holds the schedule"
+    );
+    consumer(&mut h);
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        got.extend(bodies(&h.tick(100)));
+    }
+    assert_eq!(got, vec!["keep"]);
 }
