@@ -166,6 +166,8 @@ pub struct Engine {
     paged_in_total: u64,
     /// A paging failure the caller must stop for.
     fatal: Option<String>,
+    /// Inside `replay`: queues created here are not declared again.
+    replaying: bool,
     /// Scheduled messages by seq, and their firing order.
     schedules: HashMap<u64, Scheduled>,
     schedule_due: BTreeSet<(u64, u64)>,
@@ -199,6 +201,7 @@ impl Engine {
             paging_queues: BTreeSet::new(),
             paged_in_total: 0,
             fatal: None,
+            replaying: false,
             schedules: HashMap::new(),
             schedule_due: BTreeSet::new(),
         }
@@ -852,6 +855,7 @@ impl Engine {
     }
 
     fn send(&mut self, sender: ConnId, destination: Destination, message: NewMessage) {
+        self.declare_before_route(&destination);
         let msg = self.number(&destination, message);
         let lsn = self.lsn;
         let holders = self.route(sender, &destination, msg.clone(), lsn, true);
@@ -1171,6 +1175,9 @@ impl Engine {
             }
         }
         let tx_removes = std::mem::replace(&mut self.removes, before);
+        for (destination, _) in &tx.sends {
+            self.declare_before_route(destination);
+        }
         // A NACK above may have dead-lettered (and logged) a message; the commit record is next.
         let lsn = self.lsn;
         let mut stores = Vec::new();
@@ -1582,6 +1589,16 @@ impl Engine {
     // ----------------------------------------------------------------------------------------
     // Queues
 
+    /// Creates (and so declares) a virtual topic consumer queue a SEND names before the SEND's
+    /// own record takes its log position.
+    fn declare_before_route(&mut self, destination: &Destination) {
+        if let Destination::Queue(name) = destination {
+            if virtual_topic_of(name).is_some() {
+                self.queue_for(QueueKey::Queue(name.clone()));
+            }
+        }
+    }
+
     /// Puts a message in a queue's waiting line: behind its paged-out messages if it has any.
     fn enqueue(&mut self, q: QueueId, entry: Entry) {
         if self.queue(q).is_paging() {
@@ -1618,6 +1635,13 @@ impl Engine {
                     .entry(topic.to_string())
                     .or_default()
                     .push(q);
+                if !self.replaying {
+                    // It must exist after a restart even if empty, or the topic's messages
+                    // would not be copied for its group until a consumer comes back.
+                    let lsn = self.log(Record::DeclareQueue { name: name.clone() });
+                    self.queues[q].as_mut().expect("just added").record_lsn = lsn;
+                    self.live.insert(lsn, LiveObject::Queue(name.clone()));
+                }
             }
             // A new queue joins the wildcard consumers that match it.
             let joining: Vec<(ConnId, String)> = self
@@ -1738,6 +1762,16 @@ impl Engine {
         self.live.insert(lsn, live);
     }
 
+    /// A declared queue exists, described by the record at `lsn` (replay, compaction).
+    fn apply_declare_queue(&mut self, name: String, lsn: u64) {
+        let q = self.queue_for(QueueKey::Queue(name.clone()));
+        let old = std::mem::replace(&mut self.queue_mut(q).record_lsn, lsn);
+        if old != 0 {
+            self.live.remove(old, &LiveObject::Queue(name.clone()));
+        }
+        self.live.insert(lsn, LiveObject::Queue(name));
+    }
+
     /// Removes a durable subscription for good: logged, then applied.
     fn remove_durable(&mut self, client_id: &str, name: &str) {
         self.log(Record::DurableUnsubscribe {
@@ -1847,6 +1881,13 @@ impl Engine {
     /// Rebuilds durable state from one log record, in log order, before any connection.
     pub fn replay(&mut self, lsn: u64, record: Record) -> Result<(), String> {
         assert!(self.conns.is_empty(), "replay happens before serving");
+        self.replaying = true;
+        let r = self.replay_record(lsn, record);
+        self.replaying = false;
+        r
+    }
+
+    fn replay_record(&mut self, lsn: u64, record: Record) -> Result<(), String> {
         match record {
             Record::Store { message, holders } => self.replay_store(message, holders, lsn),
             Record::Remove { queue, seqs } => {
@@ -1888,6 +1929,7 @@ impl Engine {
                 self.apply_durable_unsubscribe(&client_id, &name)
             }
             Record::Checkpoint { next_seq } => self.next_seq = self.next_seq.max(next_seq),
+            Record::DeclareQueue { name } => self.apply_declare_queue(name, lsn),
             // Non-persistent messages do not survive a restart.
             Record::Spill { message } => self.next_seq = self.next_seq.max(message.seq + 1),
             Record::Schedule { message, state } => self.replay_schedule(message, state, lsn),
@@ -2050,6 +2092,10 @@ impl Engine {
         let n = objects.len();
         for (lsn, object) in objects {
             match object {
+                LiveObject::Queue(name) => {
+                    let lsn = self.log(Record::DeclareQueue { name: name.clone() });
+                    self.apply_declare_queue(name, lsn);
+                }
                 LiveObject::Message(seq) if self.schedules.contains_key(&seq) => {
                     self.relocate_schedule(seq);
                 }
@@ -2132,6 +2178,14 @@ impl Engine {
         m
     }
 
+    fn declared_queue_count(&self) -> usize {
+        self.queues
+            .iter()
+            .flatten()
+            .filter(|q| matches!(q.key, QueueKey::Queue(_)) && q.record_lsn != 0)
+            .count()
+    }
+
     pub fn connection_count(&self) -> usize {
         self.conns.len()
     }
@@ -2183,7 +2237,11 @@ impl Engine {
             .count();
         assert_eq!(
             self.live.len(),
-            self.stored.len() + subs + self.paged_live_count() + self.schedules.len()
+            self.stored.len()
+                + subs
+                + self.paged_live_count()
+                + self.schedules.len()
+                + self.declared_queue_count()
         );
         for (q, queue) in self.queues.iter().enumerate() {
             if queue.as_ref().is_some_and(|queue| queue.is_paging()) {

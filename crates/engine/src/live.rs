@@ -14,13 +14,19 @@ use std::collections::BTreeSet;
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum LiveObject {
     Message(u64),
-    DurableSub { client_id: String, name: String },
+    DurableSub {
+        client_id: String,
+        name: String,
+    },
+    /// A declared queue (a virtual topic's consumer queue): exists even while empty.
+    Queue(String),
 }
 
 #[derive(Default, Debug)]
 pub(crate) struct LiveSet {
     messages: BTreeSet<(u64, u64)>,
     subs: BTreeSet<(u64, String, String)>,
+    queues: BTreeSet<(u64, String)>,
 }
 
 impl LiveSet {
@@ -28,6 +34,7 @@ impl LiveSet {
         let fresh = match object {
             LiveObject::Message(seq) => self.messages.insert((lsn, seq)),
             LiveObject::DurableSub { client_id, name } => self.subs.insert((lsn, client_id, name)),
+            LiveObject::Queue(name) => self.queues.insert((lsn, name)),
         };
         assert!(fresh, "live object recorded twice at one lsn");
     }
@@ -38,6 +45,7 @@ impl LiveSet {
             LiveObject::DurableSub { client_id, name } => {
                 self.subs.remove(&(lsn, client_id.clone(), name.clone()))
             }
+            LiveObject::Queue(name) => self.queues.remove(&(lsn, name.clone())),
         };
         assert!(found, "live object {object:?} not at lsn {lsn}");
     }
@@ -45,14 +53,12 @@ impl LiveSet {
     pub fn min_lsn(&self) -> Option<u64> {
         let m = self.messages.first().map(|(lsn, _)| *lsn);
         let s = self.subs.first().map(|(lsn, _, _)| *lsn);
-        match (m, s) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let q = self.queues.first().map(|(lsn, _)| *lsn);
+        [m, s, q].into_iter().flatten().min()
     }
 
     pub fn len(&self) -> usize {
-        self.messages.len() + self.subs.len()
+        self.messages.len() + self.subs.len() + self.queues.len()
     }
 
     /// Up to `max` objects whose describing record is below `lsn`, durable subscriptions first
@@ -69,6 +75,11 @@ impl LiveSet {
                 (*l, sub)
             })
             .collect();
+        out.extend(
+            self.queues
+                .range(..(lsn, String::new()))
+                .map(|(l, n)| (*l, LiveObject::Queue(n.clone()))),
+        );
         let room = max.saturating_sub(out.len());
         out.extend(
             self.messages
@@ -86,6 +97,10 @@ impl LiveSet {
             .subs
             .range((lo, String::new(), String::new())..(hi, String::new(), String::new()))
             .count();
-        m + s
+        let q = self
+            .queues
+            .range((lo, String::new())..(hi, String::new()))
+            .count();
+        m + s + q
     }
 }

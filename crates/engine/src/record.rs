@@ -55,6 +55,11 @@ pub enum Record {
         message: Arc<Message>,
         state: ScheduleState,
     },
+    /// A queue that must exist even while empty (a virtual topic's consumer queue: messages
+    /// sent to the topic are copied into it whether or not a consumer is connected).
+    DeclareQueue {
+        name: String,
+    },
     /// Schedule `schedule` fired: `message` (a fresh copy) is now held by `holders`, and the
     /// schedule continues with `next` or, if None, is finished. One record, so a crash can
     /// neither lose a firing nor repeat it.
@@ -88,6 +93,7 @@ const TAG_SPILL: u8 = 7;
 const TAG_SCHEDULE: u8 = 8;
 const TAG_FIRE: u8 = 9;
 const TAG_COMMIT_SCHEDULED: u8 = 10;
+const TAG_DECLARE_QUEUE: u8 = 11;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("undecodable log record at byte {offset}: {reason}")]
@@ -166,6 +172,10 @@ impl Record {
             Record::Checkpoint { next_seq } => {
                 out.push(TAG_CHECKPOINT);
                 put_u64(out, *next_seq);
+            }
+            Record::DeclareQueue { name } => {
+                out.push(TAG_DECLARE_QUEUE);
+                put_str(out, name);
             }
             Record::Spill { message } => {
                 out.push(TAG_SPILL);
@@ -282,6 +292,7 @@ impl Record {
                 name: r.string()?,
             },
             TAG_CHECKPOINT => Record::Checkpoint { next_seq: r.u64()? },
+            TAG_DECLARE_QUEUE => Record::DeclareQueue { name: r.string()? },
             TAG_SPILL => Record::Spill {
                 message: Arc::new(r.any_message()?),
             },
@@ -534,6 +545,7 @@ mod tests {
                 Record::DurableUnsubscribe { client_id: hk, name: hv },
                 Record::Checkpoint { next_seq: seq },
                 Record::Spill { message: m.clone() },
+                Record::DeclareQueue { name: "Consumer.a.VirtualTopic.t".into() },
                 Record::Schedule { message: m.clone(), state: ScheduleState { due_ms: seq, repeats_left: -1, anchor_ms: 7 } },
                 Record::Fire { schedule: seq, message: m.clone(), holders: vec![QueueKey::Queue("b".into())], next: None },
                 Record::Fire { schedule: 1, message: m, holders: Vec::new(), next: Some(ScheduleState { due_ms: 5, repeats_left: 3, anchor_ms: 0 }) },

@@ -200,3 +200,35 @@ fn virtual_topic_copies_into_each_consumer_group_queue() {
     );
     assert_eq!(bodies(&e), vec!["o1", "o2", "o3"]);
 }
+
+#[test]
+fn a_virtual_topic_consumer_queue_keeps_receiving_after_a_restart_while_empty() {
+    let mut h = Harness::new(EngineConfig::default());
+    h.connect(1, None);
+    h.subscribe(
+        1,
+        "a",
+        "/queue/Consumer.A.VirtualTopic.orders",
+        AckMode::Auto,
+        10,
+    );
+    h.close(1);
+    // Empty, no consumer; then a crash, and compaction of everything old.
+    h.crash_and_recover();
+    let end = h.next_lsn;
+    while h.relocate(end, 16) > 0 {}
+    h.checkpoint_and_truncate();
+    h.crash_and_recover();
+    h.connect(2, None);
+    h.send(2, "/topic/VirtualTopic.orders", "while-away", true);
+    h.crash_and_recover();
+    h.connect(3, None);
+    let fx = h.subscribe(
+        3,
+        "a",
+        "/queue/Consumer.A.VirtualTopic.orders",
+        AckMode::Auto,
+        10,
+    );
+    assert_eq!(bodies(&fx), vec!["while-away"]);
+}
