@@ -30,6 +30,18 @@ pub(crate) struct ColdRef {
     pub recovered: bool,
 }
 
+impl ColdRef {
+    /// The reference to `msg`, described by the record at `lsn`.
+    pub fn new(lsn: u64, msg: &crate::message::Message, spilled: bool, recovered: bool) -> ColdRef {
+        ColdRef {
+            lsn,
+            bytes: u32::try_from(msg.size_bytes()).unwrap_or(u32::MAX),
+            spilled,
+            recovered,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     seq: u64,

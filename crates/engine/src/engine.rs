@@ -10,7 +10,7 @@ use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
-use crate::queue::{Entry, InFlight, Queue, QueueId};
+use crate::queue::{ColdRef, Entry, InFlight, Queue, QueueId};
 use crate::record::Record;
 use crate::selector::{message_lookup, Selector};
 use crate::types::{
@@ -408,9 +408,6 @@ impl Engine {
         let removes = std::mem::take(&mut self.removes);
         for (queue, seqs) in removes {
             self.log(Record::Remove { queue, seqs });
-        }
-        if !self.paging_queues.is_empty() {
-            self.page_out_tails();
         }
     }
 
@@ -1963,13 +1960,15 @@ impl Engine {
             if let Some(q) = self.find_paged(msg.seq, &hint) {
                 let cref = self
                     .queue_mut(q)
-                    .remove_cold(&msg.seq)
+                    .cold
+                    .remove(msg.seq)
                     .expect("replay pages to cold");
                 let key = self.queue(q).key.clone();
                 if holders == [key.clone()] {
                     // Re-logged in place: still paged out, described by the new record.
                     self.queue_mut(q)
-                        .insert_cold(msg.seq, paging::paging_ref(lsn, &msg));
+                        .cold
+                        .insert(msg.seq, ColdRef::new(lsn, &msg, false, true));
                     return;
                 }
                 // Moved on: bring it back as held by `q` and let the general path move it.
@@ -2016,7 +2015,7 @@ impl Engine {
     fn replay_remove(&mut self, key: &QueueKey, seq: u64) {
         let Some(stored) = self.stored.get(&seq) else {
             if let Some(&q) = self.queue_ids.get(key) {
-                self.queue_mut(q).remove_cold(&seq);
+                self.queue_mut(q).cold.remove(seq);
             }
             return;
         };

@@ -59,16 +59,6 @@ pub struct MemoryStats {
     pub paged_in_total: u64,
 }
 
-/// A paged-out reference to a recovered persistent message described by the record at `lsn`.
-pub(super) fn paging_ref(lsn: u64, msg: &Message) -> ColdRef {
-    ColdRef {
-        lsn,
-        bytes: u32::try_from(msg.size_bytes()).unwrap_or(u32::MAX),
-        spilled: false,
-        recovered: true,
-    }
-}
-
 impl Engine {
     /// Installs the reader of paged-out messages; paging is off until one is installed.
     /// Install it before replay so that recovering a deep backlog stays within memory.
@@ -77,7 +67,8 @@ impl Engine {
     }
 
     /// Every record below `lsn` is durable (readable back): tail messages whose record now is
-    /// leave memory at once (this emits nothing, so it needs no call context).
+    /// leave memory at once (this emits nothing, so it needs no call context). This is the
+    /// only place tails are paged out: once per sync batch, not per command.
     pub fn set_durable_lsn(&mut self, lsn: u64) {
         self.durable_lsn = self.durable_lsn.max(lsn);
         if !self.paging_queues.is_empty() {
@@ -164,7 +155,7 @@ impl Engine {
         self.paging_queues.insert(q);
     }
 
-    /// Moves tail messages whose record is durable out of memory (end of every call).
+    /// Moves tail messages whose record is durable out of memory.
     pub(super) fn page_out_tails(&mut self) {
         let queues: Vec<QueueId> = self.paging_queues.iter().copied().collect();
         for q in queues {
@@ -186,13 +177,7 @@ impl Engine {
                     // Later arrivals are (almost always) later in the log too.
                     break;
                 }
-                let bytes = u32::try_from(t.entry.msg.size_bytes()).unwrap_or(u32::MAX);
-                let cref = ColdRef {
-                    lsn,
-                    bytes,
-                    spilled,
-                    recovered: t.entry.redelivered,
-                };
+                let cref = ColdRef::new(lsn, &t.entry.msg, spilled, t.entry.redelivered);
                 cold.push((*seq, cref));
             }
             for (seq, cref) in cold {
@@ -202,7 +187,7 @@ impl Engine {
                     t.entry.deliveries, 0,
                     "a delivered message is never paged out"
                 );
-                queue.insert_cold(seq, cref);
+                queue.cold.insert(seq, cref);
                 // The log is now its only copy; the cold entry keeps its record alive (the
                 // live set holds only what is in memory).
                 self.live.remove(cref.lsn, &LiveObject::Message(seq));
@@ -263,7 +248,7 @@ impl Engine {
                     assert_eq!(msg.seq, seq, "loader returned another message");
                     self.paged_in_total += 1;
                     let queue = self.queue_mut(q);
-                    queue.remove_cold(&seq);
+                    queue.cold.remove(seq);
                     let key = queue.key.clone();
                     // A spilled message back in memory needs its record no more; a persistent
                     // one is tracked like any stored message again.
@@ -384,7 +369,9 @@ impl Engine {
         if !self.should_page(q, msg) {
             return false;
         }
-        self.queue_mut(q).insert_cold(msg.seq, paging_ref(lsn, msg));
+        self.queue_mut(q)
+            .cold
+            .insert(msg.seq, ColdRef::new(lsn, msg, false, true));
         self.paging_queues.insert(q);
         true
     }
@@ -446,6 +433,10 @@ impl Engine {
                  (twice limits.memory_bytes_max = {})",
                 self.cfg.memory_bytes_max
             ));
+        }
+        if self.cfg.destination_limits.is_empty() {
+            // Nothing per destination to check: no target lookup on every SEND.
+            return Ok(());
         }
         let targets: Vec<QueueId> = match destination {
             Destination::Queue(name) => self

@@ -122,14 +122,6 @@ impl Queue {
         self.ready_bytes
     }
 
-    pub fn insert_cold(&mut self, seq: u64, cref: ColdRef) {
-        self.cold.insert(seq, cref);
-    }
-
-    pub fn remove_cold(&mut self, seq: &u64) -> Option<ColdRef> {
-        self.cold.remove(*seq)
-    }
-
     pub fn insert_tail(&mut self, seq: u64, t: TailEntry) -> Option<TailEntry> {
         let bytes = t.entry.msg.size_bytes() as u64;
         self.tail_bytes += bytes;

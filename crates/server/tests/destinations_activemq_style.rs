@@ -1,7 +1,11 @@
 //! ActiveMQ destination features over the wire: composite SEND, wildcard topic subscriptions,
 //! virtual topics.
 
-use haven_client::{AckMode, ConnectOptions, Connection};
+mod common;
+
+use common::{connect_client as connect, next_body};
+
+use haven_client::AckMode;
 use haven_server::{Config, Server};
 use std::time::Duration;
 
@@ -15,20 +19,6 @@ async fn start() -> (Server, tempfile::TempDir) {
     (Server::start(c).await.unwrap(), dir)
 }
 
-async fn connect(server: &Server) -> Connection {
-    Connection::connect(&server.local_addr().to_string(), ConnectOptions::default())
-        .await
-        .unwrap()
-}
-
-async fn next_body(sub: &mut haven_client::Subscription) -> String {
-    let m = tokio::time::timeout(WAIT, sub.next())
-        .await
-        .expect("a message in time")
-        .expect("open");
-    String::from_utf8(m.body.to_vec()).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn composite_send_reaches_each_destination_and_receipts_once() {
     let (server, _dir) = start().await;
@@ -38,8 +28,8 @@ async fn composite_send_reaches_each_destination_and_receipts_once() {
     c.send_receipted("/queue/a,/topic/b", &[("k", "v")], "both")
         .await
         .unwrap();
-    assert_eq!(next_body(&mut q).await, "both");
-    assert_eq!(next_body(&mut t).await, "both");
+    assert_eq!(next_body(&mut q, WAIT).await, "both");
+    assert_eq!(next_body(&mut t, WAIT).await, "both");
     // A bad part refuses the whole SEND.
     let bad = connect(&server).await;
     assert!(bad
@@ -78,8 +68,8 @@ async fn wildcard_topic_subscription_and_virtual_topic_groups() {
     c.send_receipted("/topic/VirtualTopic.Orders", &[], "o1")
         .await
         .unwrap();
-    assert_eq!(next_body(&mut all).await, "p1");
-    assert_eq!(next_body(&mut group).await, "o1");
+    assert_eq!(next_body(&mut all, WAIT).await, "p1");
+    assert_eq!(next_body(&mut group, WAIT).await, "o1");
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
 }
@@ -117,7 +107,7 @@ async fn selector_filters_and_a_bad_selector_says_where_it_failed() {
     )
     .await
     .unwrap();
-    assert_eq!(next_body(&mut sub).await, "yes");
+    assert_eq!(next_body(&mut sub, WAIT).await, "yes");
     assert!(tokio::time::timeout(Duration::from_millis(200), sub.next())
         .await
         .is_err());
@@ -151,7 +141,7 @@ async fn browsing_a_queue_shows_its_messages_and_ends_with_browser_end() {
         .await
         .unwrap();
     for n in 0..3 {
-        assert_eq!(next_body(&mut b).await, format!("m{n}"));
+        assert_eq!(next_body(&mut b, WAIT).await, format!("m{n}"));
     }
     let end = tokio::time::timeout(WAIT, b.next()).await.unwrap().unwrap();
     assert_eq!(end.header("browser"), Some("end"));
@@ -160,7 +150,7 @@ async fn browsing_a_queue_shows_its_messages_and_ends_with_browser_end() {
         .subscribe("/queue/browse", AckMode::Auto, &[])
         .await
         .unwrap();
-    assert_eq!(next_body(&mut q).await, "m0");
+    assert_eq!(next_body(&mut q, WAIT).await, "m0");
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
 }

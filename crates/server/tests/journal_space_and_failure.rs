@@ -2,7 +2,11 @@
 //! is deleted, a sparse old segment is compacted away), and a failed fsync stops the broker
 //! without acknowledging anything it could not store.
 
-use haven_client::{AckMode, ConnectOptions, Connection};
+mod common;
+
+use common::connect_client as connect;
+
+use haven_client::AckMode;
 use haven_server::{Config, Server, ServerError};
 use std::path::Path;
 use std::sync::Arc;
@@ -31,12 +35,6 @@ fn segments(dir: &Path) -> usize {
                 .ends_with(".seg")
         })
         .count()
-}
-
-async fn connect(server: &Server) -> Connection {
-    Connection::connect(&server.local_addr().to_string(), ConnectOptions::default())
-        .await
-        .expect("connect")
 }
 
 /// Waits (bounded) until `cond` holds.

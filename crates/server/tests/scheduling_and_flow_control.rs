@@ -1,7 +1,11 @@
 //! Over the wire: scheduled delivery across a restart, producer flow control on a destination
 //! limit (held, then released or refused with the limit named), and the disk limit.
 
-use haven_client::{AckMode, ConnectOptions, Connection};
+mod common;
+
+use common::{connect_client as connect, next_body};
+
+use haven_client::AckMode;
 use haven_server::config::DestinationLimitsConfig;
 use haven_server::{Config, Server};
 use std::path::Path;
@@ -19,20 +23,6 @@ fn config(dir: &Path, edit: impl FnOnce(&mut Config)) -> Config {
     c.journal.dir = dir.to_path_buf();
     edit(&mut c);
     c
-}
-
-async fn connect(server: &Server) -> Connection {
-    Connection::connect(&server.local_addr().to_string(), ConnectOptions::default())
-        .await
-        .unwrap()
-}
-
-async fn next_body(sub: &mut haven_client::Subscription) -> String {
-    let m = tokio::time::timeout(WAIT, sub.next())
-        .await
-        .expect("a message in time")
-        .expect("open");
-    String::from_utf8(m.body.to_vec()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -60,7 +50,7 @@ async fn scheduled_message_survives_a_restart_and_is_delivered_once() {
         .await
         .unwrap();
     for _ in 0..3 {
-        assert_eq!(next_body(&mut sub).await, "tick");
+        assert_eq!(next_body(&mut sub, WAIT).await, "tick");
     }
     assert!(
         tokio::time::timeout(Duration::from_millis(1500), sub.next())
@@ -177,7 +167,7 @@ async fn a_send_held_too_long_gets_an_error_naming_the_limit() {
         .await
         .unwrap();
     for i in 0..3 {
-        assert_eq!(next_body(&mut sub).await, format!("m{i}"));
+        assert_eq!(next_body(&mut sub, WAIT).await, format!("m{i}"));
     }
     assert!(tokio::time::timeout(QUIET, sub.next()).await.is_err());
     server.shutdown().await.unwrap();
@@ -251,7 +241,7 @@ async fn the_disk_limit_holds_persistent_sends_but_not_non_persistent_ones() {
         .await
         .expect("non-persistent SENDs still flow");
     loop {
-        if next_body(&mut sub).await == "np" {
+        if next_body(&mut sub, WAIT).await == "np" {
             break;
         }
     }

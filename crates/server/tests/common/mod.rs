@@ -85,6 +85,25 @@ async fn shutdown(server: Server) {
         .expect("orderly shutdown");
 }
 
+/// A `haven_client` connection to `server` with default options.
+pub async fn connect_client(server: &Server) -> haven_client::Connection {
+    haven_client::Connection::connect(
+        &server.local_addr().to_string(),
+        haven_client::ConnectOptions::default(),
+    )
+    .await
+    .expect("client connects")
+}
+
+/// The body of the next message on `sub`, as text, waiting at most `wait`.
+pub async fn next_body(sub: &mut haven_client::Subscription, wait: Duration) -> String {
+    let m = tokio::time::timeout(wait, sub.next())
+        .await
+        .expect("a message in time")
+        .expect("open");
+    String::from_utf8(m.body.to_vec()).unwrap()
+}
+
 /// Builds a frame from header pairs.
 pub fn frame(command: Command, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Frame {
     let mut f = Frame::new(command).with_body(body);
