@@ -22,7 +22,7 @@ use tokio::task::AbortHandle;
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::options::parse_address;
-use crate::shared::Shared;
+use crate::shared::{Hooks, Shared};
 use crate::{reader, writer};
 use crate::{AckMode, ClientError, ConnectOptions, Message, Result, Subscription};
 
@@ -81,15 +81,23 @@ impl Connection {
     /// CONNECTED exchange within `opts.connect_timeout_ms`. An ERROR answer is
     /// [`ClientError::Refused`] with the broker's `message` header.
     pub async fn connect(addr: &str, opts: ConnectOptions) -> Result<Connection> {
+        Connection::connect_hooked(addr, &opts, Hooks::default()).await
+    }
+
+    pub(crate) async fn connect_hooked(
+        addr: &str,
+        opts: &ConnectOptions,
+        hooks: Hooks,
+    ) -> Result<Connection> {
         let address = parse_address(addr)?;
         let timeout_ms = opts.connect_timeout_ms;
         match tokio::time::timeout(
             Duration::from_millis(timeout_ms),
-            handshake(&address.authority, &address.host, &opts),
+            handshake(&address.authority, &address.host, opts),
         )
         .await
         {
-            Ok(Ok(established)) => Ok(Connection::start(established, &opts)),
+            Ok(Ok(established)) => Ok(Connection::start(established, opts, hooks)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(ClientError::Timeout {
                 what: "CONNECTED",
@@ -98,9 +106,9 @@ impl Connection {
         }
     }
 
-    fn start(est: Established, opts: &ConnectOptions) -> Connection {
+    fn start(est: Established, opts: &ConnectOptions, hooks: Hooks) -> Connection {
         let (read_half, write_half) = est.stream.into_split();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(hooks));
         let (tx, rx) = mpsc::channel(opts.write_queue_frames_max.max(1));
         let (send_ms, recv_ms) =
             negotiate_heartbeat(opts.heartbeat_ms, est.version, &est.connected);
@@ -151,6 +159,50 @@ impl Connection {
 
     pub fn is_closed(&self) -> bool {
         self.close_reason().is_some()
+    }
+
+    /// Resolves once the connection has closed, with the reason.
+    pub async fn closed(&self) -> ClientError {
+        let mut watch = self.inner.shared.closed_watch();
+        // An error here means the sender (inside `Shared`, which we hold) is gone: impossible.
+        let _ = watch.wait_for(|closed| *closed).await;
+        self.close_reason().unwrap_or(ClientError::Closed)
+    }
+
+    /// Where the failover client's generation of this connection is recorded.
+    pub(crate) fn generation(&self) -> u64 {
+        self.inner.shared.generation()
+    }
+
+    /// Registers `tx` as subscription `id` and sends `frame` (a SUBSCRIBE carrying that id)
+    /// with a receipt: how a failover client restores a subscription on a new connection.
+    pub(crate) async fn subscribe_raw(
+        &self,
+        id: &str,
+        frame: Frame,
+        tx: mpsc::Sender<Message>,
+    ) -> Result<Receipt> {
+        self.inner.shared.register_subscription(id, tx)?;
+        self.request(frame).await
+    }
+
+    /// Routes MESSAGE frames for subscription `id` to `tx` without sending a SUBSCRIBE (for
+    /// frames a broker pushes unasked, such as cluster announcements).
+    pub(crate) fn register_channel(&self, id: &str, tx: mpsc::Sender<Message>) -> Result<()> {
+        self.inner.shared.register_subscription(id, tx)
+    }
+
+    /// Queues `frame` as is; its `receipt` header (if any) is answered through the receipt
+    /// sink of the connection's hooks.
+    pub(crate) async fn enqueue_frame(&self, frame: &Frame) -> Result<()> {
+        self.enqueue(frame).await
+    }
+
+    /// Closes at once without DISCONNECT (the failover client giving up on a broker).
+    pub(crate) fn abandon(&self, reason: ClientError) {
+        self.inner.shared.close(reason);
+        self.inner.writer.abort();
+        self.inner.reader.abort();
     }
 
     // ----- sending -----------------------------------------------------------------------
@@ -228,6 +280,7 @@ impl Connection {
             id,
             destination: destination.to_string(),
             rx,
+            tracker: None,
         })
     }
 
@@ -373,7 +426,7 @@ impl Connection {
     }
 
     /// Adds a fresh `receipt` header, registers the waiter, queues the frame.
-    async fn request(&self, frame: Frame) -> Result<Receipt> {
+    pub(crate) async fn request(&self, frame: Frame) -> Result<Receipt> {
         let id = format!("rcpt-{}", self.next_id());
         let frame = frame.with_header("receipt", id.as_str());
         let rx = self.inner.shared.register_receipt(&id)?;
@@ -412,7 +465,7 @@ fn encode(frame: &Frame, version: Version) -> Result<Bytes> {
     Ok(buf.freeze())
 }
 
-fn send_frame(destination: &str, headers: &[(&str, &str)], body: Bytes) -> Frame {
+pub(crate) fn send_frame(destination: &str, headers: &[(&str, &str)], body: Bytes) -> Frame {
     let mut frame = Frame::new(Command::Send).with_header("destination", destination);
     for (k, v) in headers {
         frame = frame.with_header(*k, *v);
@@ -422,7 +475,7 @@ fn send_frame(destination: &str, headers: &[(&str, &str)], body: Bytes) -> Frame
 
 /// ACK/NACK headers per version: 1.2 names the message by its `ack` header in `id`; 1.1 by
 /// `message-id` plus `subscription`; 1.0 by `message-id` alone.
-fn ack_frame(
+pub(crate) fn ack_frame(
     command: Command,
     version: Version,
     msg: &Message,

@@ -16,7 +16,12 @@ pub enum ClientError {
     Refused { message: String },
     /// The broker sent an ERROR frame on an established connection; the connection is closed.
     #[error("broker error: {message}")]
-    Server { message: String, body: String },
+    Server {
+        message: String,
+        body: String,
+        /// The `receipt-id` of the ERROR: which frame the broker refused, when it says.
+        receipt_id: Option<String>,
+    },
     /// The broker sent something this client cannot accept (bad frame, unexpected command).
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -29,6 +34,24 @@ pub enum ClientError {
     /// The connection is closed (by `disconnect`, by the broker, or by dropping it).
     #[error("connection closed")]
     Closed,
+    /// The failover transport used up `startupMaxReconnectAttempts` or `maxReconnectAttempts`
+    /// without reaching a broker; `last_error` is what the last attempt saw.
+    #[error("no broker reachable after {passes} passes over {brokers:?}: {last_error}")]
+    NoBroker {
+        brokers: Vec<String>,
+        passes: u64,
+        last_error: String,
+    },
+    /// The connection carrying this transaction was lost before COMMIT was sent (or the broker
+    /// says the COMMIT never took effect): the broker rolled it back. Its sends are not stored
+    /// and its acks did not happen.
+    #[error("transaction {transaction:?} was rolled back: {reason}")]
+    TransactionRolledBack { transaction: String, reason: String },
+    /// The frame reached a broker that was then lost, and nothing can tell whether it took
+    /// effect (a broker without producer sequences, or a `timeout` that expired while the
+    /// frame waited to be sent again).
+    #[error("outcome unknown for {what}: the connection was lost after it was sent")]
+    OutcomeUnknown { what: String },
 }
 
 impl From<std::io::Error> for ClientError {

@@ -7,25 +7,32 @@
 //! registered under their `receipt-id`, and an ERROR frame (or a closed socket, or a silent
 //! server) ends the connection and fails every waiter with the same [`ClientError`].
 //!
-//! The failover transport (ActiveMQ's `failover:(...)` URIs, resending unreceipted SENDs) is a
-//! later layer: it will own a sequence of `Connection`s and replay subscriptions on each; nothing
-//! here assumes the socket lives forever except that a closed `Connection` stays closed.
+//! A [`Client`] is the layer above: a session over `tcp://` or ActiveMQ's `failover:(...)` URIs
+//! that owns a sequence of `Connection`s, restores subscriptions on each, sends unconfirmed
+//! SENDs again with Haven's producer sequence (so a Haven broker stores each once), and drops
+//! redeliveries of messages the application already acked (see `failover.rs`).
 
+mod backoff;
 mod connection;
+mod dedup;
 mod error;
+mod failover;
 mod message;
 mod options;
 mod reader;
 mod shared;
 mod subscription;
+mod uri;
 mod writer;
 
 pub use connection::{Connection, Receipt};
 pub use error::ClientError;
+pub use failover::{Client, ConnectionEvent};
 pub use haven_stomp::{Command, Frame, Version};
 pub use message::Message;
 pub use options::{AckMode, ConnectOptions};
 pub use subscription::Subscription;
+pub use uri::{parse_uri, BrokerUri, FailoverOptions};
 
 /// Result type of every fallible client call.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;

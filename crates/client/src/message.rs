@@ -12,6 +12,9 @@ pub struct Message {
     pub message_id: String,
     pub subscription: String,
     pub redelivered: bool,
+    /// Which connection of a failover client delivered it (0 for a plain `Connection`): an ACK
+    /// is only meaningful on the connection that delivered the message.
+    pub(crate) generation: u64,
 }
 
 impl Message {
@@ -34,6 +37,7 @@ impl Message {
             message_id,
             subscription,
             redelivered,
+            generation: 0,
         }
     }
 

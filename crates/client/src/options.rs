@@ -26,6 +26,15 @@ pub struct ConnectOptions {
     pub subscription_buffer_messages_max: usize,
     /// Frames queued for the writer task before `send` waits.
     pub write_queue_frames_max: usize,
+    /// [`crate::Client`] only: the producer id sent as `haven-producer` with every SEND, so a
+    /// Haven broker stores a resent message once. Default: a random id per `Client`.
+    pub producer_id: Option<String>,
+    /// [`crate::Client`] only: SENDs kept until their RECEIPT (to send again after a failover)
+    /// before `send` waits. Bounds the client's memory while no broker is reachable.
+    pub unconfirmed_sends_max: usize,
+    /// [`crate::Client`] only: acknowledged message ids remembered per subscription to drop
+    /// redeliveries of messages the application already acked.
+    pub dedup_window_messages: usize,
 }
 
 impl Default for ConnectOptions {
@@ -41,6 +50,9 @@ impl Default for ConnectOptions {
             connect_timeout_ms: 10_000,
             subscription_buffer_messages_max: 4096,
             write_queue_frames_max: 1024,
+            producer_id: None,
+            unconfirmed_sends_max: 4096,
+            dedup_window_messages: 8192,
         }
     }
 }

@@ -90,7 +90,8 @@ async fn read_loop(
 async fn dispatch(frame: Frame, shared: &Shared) -> Result<(), ClientError> {
     match frame.command {
         Command::Message => {
-            let message = Message::from_headers(frame.headers, frame.body);
+            let mut message = Message::from_headers(frame.headers, frame.body);
+            message.generation = shared.generation();
             match shared.subscription_sender(&message.subscription) {
                 Some(tx) => {
                     let id = message.subscription.clone();
@@ -108,7 +109,7 @@ async fn dispatch(frame: Frame, shared: &Shared) -> Result<(), ClientError> {
         }
         Command::Receipt => {
             let id = frame.header("receipt-id").unwrap_or("");
-            if !shared.complete_receipt(id) {
+            if !shared.complete_receipt(id) && !shared.forward_receipt(id) {
                 tracing::debug!(receipt_id = id, "RECEIPT nobody waits for");
             }
             Ok(())
@@ -119,7 +120,12 @@ async fn dispatch(frame: Frame, shared: &Shared) -> Result<(), ClientError> {
                 .header("message")
                 .map(str::to_string)
                 .unwrap_or_else(|| body.lines().next().unwrap_or("").to_string());
-            Err(ClientError::Server { message, body })
+            let receipt_id = frame.header("receipt-id").map(str::to_string);
+            Err(ClientError::Server {
+                message,
+                body,
+                receipt_id,
+            })
         }
         other => Err(ClientError::Protocol(format!(
             "unexpected {other:?} frame from broker"

@@ -8,15 +8,33 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{ClientError, Message, Result};
 
 pub(crate) type ReceiptTx = oneshot::Sender<Result<()>>;
 
-#[derive(Default)]
+/// What a failover client attaches to each connection it opens.
+#[derive(Clone, Default)]
+pub(crate) struct Hooks {
+    /// Stamped on every delivered message (see `Message::generation`).
+    pub generation: u64,
+    /// RECEIPTs nobody registered a waiter for go here: the failover client tracks its SENDs
+    /// by receipt id in one table instead of one waiter per frame.
+    pub receipt_sink: Option<mpsc::UnboundedSender<String>>,
+}
+
 pub(crate) struct Shared {
     state: Mutex<State>,
+    hooks: Hooks,
+    /// Becomes true when the connection closes, for whoever waits on `Connection::closed`.
+    closed_tx: watch::Sender<bool>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared::new(Hooks::default())
+    }
 }
 
 #[derive(Default)]
@@ -27,6 +45,30 @@ struct State {
 }
 
 impl Shared {
+    pub(crate) fn new(hooks: Hooks) -> Shared {
+        Shared {
+            state: Mutex::default(),
+            hooks,
+            closed_tx: watch::channel(false).0,
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.hooks.generation
+    }
+
+    /// Hands a RECEIPT nobody waits for to the receipt sink; false without one.
+    pub(crate) fn forward_receipt(&self, receipt_id: &str) -> bool {
+        match &self.hooks.receipt_sink {
+            Some(sink) => sink.send(receipt_id.to_string()).is_ok(),
+            None => false,
+        }
+    }
+
+    pub(crate) fn closed_watch(&self) -> watch::Receiver<bool> {
+        self.closed_tx.subscribe()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock is a bug in this crate; poisoning would only hide it.
         self.state.lock().expect("client shared state poisoned")
@@ -106,6 +148,7 @@ impl Shared {
         for tx in receipts {
             let _ = tx.send(Err(reason.clone()));
         }
+        self.closed_tx.send_replace(true);
     }
 }
 
