@@ -1,0 +1,333 @@
+//! The failover client against real broker processes that are killed with `kill -9`.
+//!
+//! 1. Several standalone brokers (own processes, own data directories, no shared storage):
+//!    producers and a consumer on one `failover:(...)` URI keep running while the broker they
+//!    use is killed again and again. Every receipted message is delivered (during the run, or
+//!    by draining each broker at the end). Duplicates are counted, not forbidden: a SEND the
+//!    first broker stored just before it died without a RECEIPT is sent again to another
+//!    broker, which has no way to know it — at least once is the honest guarantee across
+//!    brokers that do not share a store.
+//! 2. One broker restarted (`kill -9`) under steady producers: exactly once. The producer
+//!    sequence makes the broker drop resends it already stored, and the client's duplicate
+//!    filter drops redeliveries of messages the application already acked; per-producer order
+//!    holds.
+//!
+//! Kill intervals are random but seeded (printed; HAVEN_FAILOVER_SEED replays them).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use haven_client::{AckMode, Client, ClientError, ConnectOptions};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates, History, SendOutcome};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tokio::sync::Mutex;
+
+const QUEUE: &str = "/queue/failover";
+/// Concurrent producer tasks, each sending its own numbered ids, one receipt at a time.
+const PRODUCERS: usize = 4;
+/// Bounds on how long the brokers run between kills.
+const KILL_AFTER_MS: std::ops::Range<u64> = 150..700;
+/// How long a killed broker stays down before it is restarted.
+const DOWN_MS: u64 = 200;
+/// After the last kill, producers must confirm this many more messages (liveness).
+const HEALING_RECEIPTS_MIN: u64 = 50;
+/// Bound on waiting for that progress; a broken client hangs here, it does not pass.
+const HEALING_WAIT_MS: u64 = 30_000;
+/// A drain ends when nothing arrived for this long.
+const DRAIN_QUIET_MS: u64 = 1_500;
+/// Bound on a drain while receipted ids are still missing.
+const DRAIN_MISSING_WAIT_MS: u64 = 20_000;
+
+fn seed() -> u64 {
+    let seed = std::env::var("HAVEN_FAILOVER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("failover seed: {seed} (HAVEN_FAILOVER_SEED={seed} replays the kill schedule)");
+    seed
+}
+
+fn start_brokers(dir: &std::path::Path, n: usize) -> Vec<BrokerProcess> {
+    (0..n)
+        .map(|i| {
+            let opts = BrokerOpts::new(
+                env!("CARGO_BIN_EXE_haven"),
+                dir.join(format!("broker-{i}")),
+                free_addr(),
+            );
+            BrokerProcess::start(opts).expect("broker starts")
+        })
+        .collect()
+}
+
+fn url_of(b: &BrokerProcess) -> String {
+    format!("tcp://{}", b.addr())
+}
+
+fn quick_failover(brokers: &[String]) -> String {
+    format!(
+        "failover:({})?initialReconnectDelay=10&maxReconnectDelay=200&randomize=false",
+        brokers.join(",")
+    )
+}
+
+/// Producer task `p`: sends ids `p<p>-<n>` with a RECEIPT each until `stop`.
+fn spawn_producer(
+    client: Client,
+    p: usize,
+    history: Arc<History>,
+    receipts: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let id = format!("p{p}-{n}");
+            history.attempted(&id);
+            match client.send_receipted(QUEUE, &[], id.clone()).await {
+                Ok(()) => {
+                    history.outcome(&id, SendOutcome::Receipted);
+                    receipts.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(ClientError::Server { .. }) => history.outcome(&id, SendOutcome::Failed),
+                Err(e) => {
+                    history.outcome(&id, SendOutcome::Unknown);
+                    panic!("producer {p}: send {id} failed: {e}");
+                }
+            }
+        }
+    })
+}
+
+/// The consumer: records every delivery and acks it, until `stop` and quiet.
+fn spawn_consumer(
+    client: Client,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Client> {
+    tokio::spawn(async move {
+        let mut sub = client
+            .subscribe(
+                QUEUE,
+                AckMode::ClientIndividual,
+                &[("id", "failover-consumer"), ("activemq.prefetchSize", "64")],
+            )
+            .await
+            .expect("subscribe");
+        drain(&client, &mut sub, &history, &stop).await;
+        client
+    })
+}
+
+/// Reads until `stop` is set and either nothing arrived for `DRAIN_QUIET_MS` with nothing
+/// missing, or `DRAIN_MISSING_WAIT_MS` passed without a message.
+async fn drain(
+    client: &Client,
+    sub: &mut haven_client::Subscription,
+    history: &History,
+    stop: &AtomicBool,
+) {
+    loop {
+        let wait_ms = if history.missing() > 0 {
+            DRAIN_MISSING_WAIT_MS
+        } else {
+            DRAIN_QUIET_MS
+        };
+        match tokio::time::timeout(Duration::from_millis(wait_ms), sub.next()).await {
+            Ok(Some(msg)) => {
+                let id = String::from_utf8_lossy(&msg.body).into_owned();
+                history.delivered(&id, msg.redelivered);
+                client.ack(&msg).await.expect("ack");
+                history.acked(&id);
+            }
+            Ok(None) => panic!("subscription ended: {:?}", client.broker()),
+            Err(_) if stop.load(Ordering::Relaxed) => return,
+            Err(_) => {}
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+/// Waits until producers confirmed `more` receipts beyond `from`.
+async fn wait_progress(receipts: &AtomicU64, from: u64, more: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(HEALING_WAIT_MS);
+    while receipts.load(Ordering::Relaxed) < from + more {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "producers made no progress after the last kill ({} receipts)",
+            receipts.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
+    const KILLS: usize = 6;
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let brokers = start_brokers(dir.path(), 3);
+    let urls: Vec<String> = brokers.iter().map(url_of).collect();
+    let brokers = Arc::new(Mutex::new(brokers));
+    let uri = quick_failover(&urls);
+    let history = Arc::new(History::new());
+    let receipts = Arc::new(AtomicU64::new(0));
+    let stop_producers = Arc::new(AtomicBool::new(false));
+    let stop_consumer = Arc::new(AtomicBool::new(false));
+
+    let producer = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .expect("producer connects");
+    let mut events = producer.events();
+    let consumer = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .expect("consumer connects");
+    let consumer_task = spawn_consumer(consumer.clone(), history.clone(), stop_consumer.clone());
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            spawn_producer(
+                producer.clone(),
+                p,
+                history.clone(),
+                receipts.clone(),
+                stop_producers.clone(),
+            )
+        })
+        .collect();
+
+    for kill in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
+        // Alternate between the producer's and the consumer's broker, so both fail over.
+        let target = if kill % 2 == 0 {
+            producer.broker()
+        } else {
+            consumer.broker()
+        };
+        let Some(target) = target else { continue };
+        let index = urls
+            .iter()
+            .position(|u| *u == target)
+            .expect("known broker");
+        let brokers = brokers.clone();
+        blocking(move || {
+            let mut brokers = brokers.blocking_lock();
+            brokers[index].kill9().expect("kill -9");
+            std::thread::sleep(Duration::from_millis(DOWN_MS));
+            brokers[index].restart().expect("restart");
+        })
+        .await;
+    }
+    let before = receipts.load(Ordering::Relaxed);
+    wait_progress(&receipts, before, HEALING_RECEIPTS_MIN).await;
+    stop_producers.store(true, Ordering::Relaxed);
+    for p in producers {
+        p.await.expect("producer task");
+    }
+    assert!(producer.reconnects() >= 1, "the producer never failed over");
+    producer.disconnect().await.expect("producer disconnect");
+    let mut saw_interrupted = false;
+    while let Ok(event) = events.try_recv() {
+        saw_interrupted |= matches!(event, haven_client::ConnectionEvent::Interrupted { .. });
+    }
+    assert!(saw_interrupted, "no Interrupted event was published");
+
+    stop_consumer.store(true, Ordering::Relaxed);
+    let consumer = consumer_task.await.expect("consumer task");
+    consumer.disconnect().await.expect("consumer disconnect");
+
+    // Messages stored on brokers the consumer was not on at the end wait there: drain each.
+    for url in &urls {
+        let client = Client::connect(url, ConnectOptions::default())
+            .await
+            .expect("drain connects");
+        let mut sub = client
+            .subscribe(QUEUE, AckMode::ClientIndividual, &[])
+            .await
+            .expect("drain subscribes");
+        drain(&client, &mut sub, &history, &AtomicBool::new(true)).await;
+        client.disconnect().await.expect("drain disconnect");
+    }
+
+    let report = history.check(Duplicates::Counted, false);
+    eprintln!("standalone brokers: {report}");
+    assert!(report.receipted > 0, "{report}");
+    assert!(report.is_ok(), "seed {seed}: {report}");
+    let mut brokers = brokers.lock().await;
+    for b in brokers.iter_mut() {
+        b.stop().expect("broker stops");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the broker-side producer sequence (being merged)"]
+async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
+    const KILLS: usize = 5;
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start_brokers(dir.path(), 1).pop().unwrap();
+    let uri = quick_failover(&[url_of(&broker)]);
+    let broker = Arc::new(Mutex::new(broker));
+    let history = Arc::new(History::new());
+    let receipts = Arc::new(AtomicU64::new(0));
+    let stop_producers = Arc::new(AtomicBool::new(false));
+    let stop_consumer = Arc::new(AtomicBool::new(false));
+
+    let producer = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .expect("producer connects");
+    let consumer = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .expect("consumer connects");
+    let consumer_task = spawn_consumer(consumer.clone(), history.clone(), stop_consumer.clone());
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            spawn_producer(
+                producer.clone(),
+                p,
+                history.clone(),
+                receipts.clone(),
+                stop_producers.clone(),
+            )
+        })
+        .collect();
+    for _ in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
+        let broker = broker.clone();
+        blocking(move || {
+            let mut b = broker.blocking_lock();
+            b.kill9().expect("kill -9");
+            std::thread::sleep(Duration::from_millis(DOWN_MS));
+            b.restart().expect("restart");
+        })
+        .await;
+    }
+    let before = receipts.load(Ordering::Relaxed);
+    wait_progress(&receipts, before, HEALING_RECEIPTS_MIN).await;
+    stop_producers.store(true, Ordering::Relaxed);
+    for p in producers {
+        p.await.expect("producer task");
+    }
+    assert_eq!(
+        producer.reconnects(),
+        KILLS as u64,
+        "one reconnect per kill"
+    );
+    producer.disconnect().await.expect("producer disconnect");
+    stop_consumer.store(true, Ordering::Relaxed);
+    let consumer = consumer_task.await.expect("consumer task");
+    consumer.disconnect().await.expect("consumer disconnect");
+
+    let report = history.check(Duplicates::Forbidden, true);
+    eprintln!("one broker, {KILLS} kills: {report}");
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "seed {seed}: {report}");
+    broker.lock().await.stop().expect("broker stops");
+}
