@@ -445,13 +445,16 @@ async fn deep_backlog_recovered_after_restart_drains_in_bounded_memory() {
 #[test]
 fn tally_catches_missing_repeated_and_foreign_deliveries() {
     let queue = "/queue/q";
-    let msg = |id: &str, n_header: &str, body: Vec<u8>| Message {
-        headers: vec![(N_HEADER.to_string(), n_header.to_string())],
-        body: body.into(),
-        destination: queue.to_string(),
-        message_id: id.to_string(),
-        subscription: "s".to_string(),
-        redelivered: false,
+    let msg = |id: &str, n_header: &str, body: Vec<u8>| {
+        Message::from_headers(
+            vec![
+                (N_HEADER.to_string(), n_header.to_string()),
+                ("destination".to_string(), queue.to_string()),
+                ("message-id".to_string(), id.to_string()),
+                ("subscription".to_string(), "s".to_string()),
+            ],
+            body.into(),
+        )
     };
     let mut tally = Tally::new(4);
     tally.record(&msg("m0", "0", body(0)), queue);

@@ -1173,8 +1173,8 @@ async fn restore(
                 }
             }
         }
-        // Transactions of earlier connections were rolled back by their broker.
-        st.txs.retain(|_, tx| tx.generation == generation);
+        // Transactions of earlier connections were rolled back by their broker; they stay in
+        // `txs` so that their next use reports that (`transaction_connection`).
         subs = st.subs.values().cloned().collect();
     }
     let confirmed_count = confirmed.len();

@@ -18,7 +18,9 @@ pub struct Message {
 }
 
 impl Message {
-    pub(crate) fn from_headers(headers: Vec<(String, String)>, body: Bytes) -> Message {
+    /// A message as a MESSAGE frame with these headers and body would arrive (for tests and
+    /// tools that build deliveries by hand).
+    pub fn from_headers(headers: Vec<(String, String)>, body: Bytes) -> Message {
         let first = |name: &str| {
             headers
                 .iter()
