@@ -1277,10 +1277,13 @@ async fn supervise(
     mut cluster: mpsc::Receiver<Message>,
 ) {
     let mut stop = inner.stop.subscribe();
-    let mut spare: Option<(Connection, String, u64)> = None;
+    let mut spare: Option<Spare> = None;
     loop {
-        if inner.uri.options.backup && spare.as_ref().is_none_or(|(c, _, _)| c.is_closed()) {
-            spare = open_spare(&inner, &broker).await;
+        if inner.uri.options.backup && spare.as_ref().is_none_or(Spare::is_dead) {
+            if let Some(old) = spare.take() {
+                old.discard();
+            }
+            spare = Some(Spare::open(inner.clone(), broker.clone()));
         }
         let on_priority =
             !inner.uri.options.priority_backup || inner.priority_brokers().contains(&broker);
@@ -1301,8 +1304,8 @@ async fn supervise(
         };
         let next = match leave {
             Leave::Stop => {
-                if let Some((c, _, _)) = spare {
-                    c.abandon(ClientError::Closed);
+                if let Some(s) = spare {
+                    s.discard();
                 }
                 return;
             }
@@ -1322,9 +1325,9 @@ async fn supervise(
                     fail_all(&inner);
                     return;
                 }
-                match spare.take() {
-                    Some(s) if !s.0.is_closed() => Ok(s),
-                    _ => establish(&inner, false, Some(&broker)).await,
+                match spare.take().and_then(|s| s.take_ready(generation)) {
+                    Some(ready) => Ok(ready),
+                    None => establish(&inner, false, Some(&broker)).await,
                 }
             }
             Leave::Switch(c, b, g) => {
@@ -1386,7 +1389,57 @@ async fn supervise(
                 return;
             }
         }
-        let _ = generation;
+    }
+}
+
+type Opened = (Connection, String, u64);
+
+/// The warm spare connection of `backup=true`, opened by its own task so that a slow or dead
+/// broker never delays the supervisor's reaction to a loss.
+struct Spare {
+    slot: Arc<Mutex<Option<Opened>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Spare {
+    fn open(inner: Arc<Inner>, current: String) -> Spare {
+        let slot = Arc::new(Mutex::new(None));
+        let filled = slot.clone();
+        let task = tokio::spawn(async move {
+            let opened = open_spare(&inner, &current).await;
+            *filled.lock().expect("spare slot poisoned") = opened;
+        });
+        Spare { slot, task }
+    }
+
+    /// Finished without a connection, or its connection closed since: open another.
+    fn is_dead(&self) -> bool {
+        self.task.is_finished()
+            && self
+                .slot
+                .lock()
+                .expect("spare slot poisoned")
+                .as_ref()
+                .is_none_or(|(c, _, _)| c.is_closed())
+    }
+
+    /// The spare, if it is open and newer than the connection just lost (an older one would
+    /// break the rule that generations only grow).
+    fn take_ready(self, lost_generation: u64) -> Option<Opened> {
+        self.task.abort();
+        let opened = self.slot.lock().expect("spare slot poisoned").take()?;
+        if opened.0.is_closed() || opened.2 <= lost_generation {
+            opened.0.abandon(ClientError::Closed);
+            return None;
+        }
+        Some(opened)
+    }
+
+    fn discard(self) {
+        self.task.abort();
+        if let Some((c, _, _)) = self.slot.lock().expect("spare slot poisoned").take() {
+            c.abandon(ClientError::Closed);
+        }
     }
 }
 
