@@ -14,6 +14,7 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     pub limits: LimitsConfig,
     pub users: Vec<User>,
+    pub cluster: ClusterConfig,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -139,6 +140,23 @@ pub struct DestinationLimitsConfig {
     pub messages_max: Option<u64>,
     /// Bytes of waiting messages (in memory or paged out) at which producers are held back.
     pub bytes_max: Option<u64>,
+}
+
+/// `[cluster]`: the brokers a client may use, announced to clients (ActiveMQ's
+/// `updateClusterClients` / `rebalanceClusterClients`). The one table `haven run` re-reads on
+/// SIGHUP; checked by [`crate::cluster::check`] (the same rules apply to
+/// [`crate::ClusterHandle::set_cluster`]).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Client-facing URIs (`tcp://host:port`) of the brokers in this cluster, in the order they
+    /// are announced.
+    pub members: Vec<String>,
+    /// Announce `members` in CONNECTED (`haven-cluster`) and push changes to clients that ask.
+    pub update_cluster_clients: bool,
+    /// Pushed announcements ask clients to reconnect to a randomly chosen member, so the load
+    /// spreads. Requires `update_cluster_clients`.
+    pub rebalance_cluster_clients: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -413,8 +431,28 @@ impl Config {
                 return invalid("users.login", "must not be empty".into());
             }
         }
+        if let Err(e) = crate::cluster::check(&self.cluster) {
+            return invalid(e.key(), e.to_string());
+        }
         Ok(())
     }
+}
+
+/// The top-level tables (`stomp`, `limits`, ...) whose contents differ between two config
+/// texts, sorted. A reload uses it to say which changes it ignored; both texts must already
+/// have parsed (`Config::parse`), so a text that is not TOML counts as empty here.
+pub fn tables_changed(old: &str, new: &str) -> Vec<String> {
+    let parse = |text: &str| text.parse::<toml::Table>().unwrap_or_default();
+    let (old, new) = (parse(old), parse(new));
+    let mut names: Vec<String> = old
+        .keys()
+        .chain(new.keys())
+        .filter(|k| old.get(*k) != new.get(*k))
+        .cloned()
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[cfg(test)]
