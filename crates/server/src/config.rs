@@ -542,6 +542,37 @@ mod tests {
     }
 
     #[test]
+    fn cluster_table_parses_and_is_checked() {
+        let c = parse("[cluster]\nmembers = [\"tcp://127.0.0.1:61613\", \"tcp://127.0.0.2:61613\"]\nupdate_cluster_clients = true\nrebalance_cluster_clients = true\n").unwrap();
+        assert_eq!(c.cluster.members.len(), 2);
+        assert!(c.cluster.update_cluster_clients && c.cluster.rebalance_cluster_clients);
+        let e = parse("[cluster]\nmembers = [\"tcp://a:1\", \"b:2\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster.members") && e.contains("'b:2'"), "{e}");
+        let e = parse("[cluster]\nrebalance_cluster_clients = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cluster.rebalance_cluster_clients") && e.contains("update_cluster_clients"),
+            "{e}"
+        );
+        let e = parse("[cluster]\nupdate_clients = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("update_clients"), "{e}");
+    }
+
+    #[test]
+    fn tables_changed_names_the_tables_that_differ() {
+        let old = "[stomp]\nlisten = \"127.0.0.1:1\"\n[cluster]\nmembers = []\n";
+        let new = "[stomp]\nlisten = \"127.0.0.1:2\"\n[cluster]\nmembers = [\"tcp://a:1\"]\n[limits]\nmemory_bytes_max = 2097152\n";
+        assert_eq!(tables_changed(old, new), ["cluster", "limits", "stomp"]);
+        let reformatted = "# comment\n[stomp]\nlisten=\"127.0.0.1:1\"\n\n[cluster]\nmembers=[]\n";
+        assert!(tables_changed(old, reformatted).is_empty());
+    }
+
+    #[test]
     fn the_shipped_example_parses() {
         let text = include_str!("../../../examples/haven.toml");
         let c = parse(text).unwrap();
