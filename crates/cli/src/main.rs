@@ -29,7 +29,8 @@ struct Cli {
 enum Cmd {
     /// Run a broker. Without flags: STOMP on 127.0.0.1:61613, journal in ./data.
     Run {
-        /// Configuration file (haven.toml); every setting has a default.
+        /// Configuration file (haven.toml); every setting has a default. SIGHUP re-reads its
+        /// [cluster] table.
         #[arg(long)]
         config: Option<PathBuf>,
         /// STOMP listen address; overrides stomp.listen.
