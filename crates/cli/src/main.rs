@@ -1,6 +1,7 @@
 //! The `haven` binary: `haven run` serves a broker; `haven bench` measures any STOMP broker.
 
 mod bench;
+mod reload;
 
 /// The broker allocates and frees a few small buffers per message on several threads; glibc's
 /// allocator fragments and spends a quarter of the CPU on that path (see BENCHMARKS.md).
@@ -28,7 +29,8 @@ struct Cli {
 enum Cmd {
     /// Run a broker. Without flags: STOMP on 127.0.0.1:61613, journal in ./data.
     Run {
-        /// Configuration file (haven.toml); every setting has a default.
+        /// Configuration file (haven.toml); every setting has a default. SIGHUP re-reads its
+        /// [cluster] table.
         #[arg(long)]
         config: Option<PathBuf>,
         /// STOMP listen address; overrides stomp.listen.
@@ -76,15 +78,25 @@ async fn run(
     stomp: Option<SocketAddr>,
     data: Option<PathBuf>,
 ) -> ExitCode {
-    let mut cfg = match &config {
-        Some(path) => match Config::load(path) {
-            Ok(c) => c,
+    let (mut cfg, started_text) = match &config {
+        Some(path) => match reload::load(path) {
+            Ok((c, text)) => (c, Some(text)),
             Err(e) => {
                 eprintln!("haven: {e}");
                 return ExitCode::from(2);
             }
         },
-        None => Config::default(),
+        None => (Config::default(), None),
+    };
+    // SIGHUP re-reads the config file's [cluster]. Installed before the broker listens, so a
+    // SIGHUP sent once clients can connect is never lost (or fatal: its default action).
+    // Without a config file there is nothing to re-read and SIGHUP keeps its default.
+    let hup = match &config {
+        Some(_) => {
+            use tokio::signal::unix::{signal, SignalKind};
+            Some(signal(SignalKind::hangup()).expect("SIGHUP handler"))
+        }
+        None => None,
     };
     if let Some(addr) = stomp {
         cfg.stomp.listen = addr;
@@ -99,6 +111,9 @@ async fn run(
             return ExitCode::FAILURE;
         }
     };
+    if let (Some(hup), Some(path), Some(text)) = (hup, config, started_text) {
+        tokio::spawn(reload::on_sighup(hup, path, text, server.cluster_handle()));
+    }
     let stopper = server.stopper();
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};

@@ -14,6 +14,7 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     pub limits: LimitsConfig,
     pub users: Vec<User>,
+    pub cluster: ClusterConfig,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -139,6 +140,23 @@ pub struct DestinationLimitsConfig {
     pub messages_max: Option<u64>,
     /// Bytes of waiting messages (in memory or paged out) at which producers are held back.
     pub bytes_max: Option<u64>,
+}
+
+/// `[cluster]`: the brokers a client may use, announced to clients (ActiveMQ's
+/// `updateClusterClients` / `rebalanceClusterClients`). The one table `haven run` re-reads on
+/// SIGHUP; checked by [`crate::cluster::check`] (the same rules apply to
+/// [`crate::ClusterHandle::set_cluster`]).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Client-facing URIs (`tcp://host:port`) of the brokers in this cluster, in the order they
+    /// are announced.
+    pub members: Vec<String>,
+    /// Announce `members` in CONNECTED (`haven-cluster`) and push changes to clients that ask.
+    pub update_cluster_clients: bool,
+    /// Pushed announcements ask clients to reconnect to a randomly chosen member, so the load
+    /// spreads. Requires `update_cluster_clients`.
+    pub rebalance_cluster_clients: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -413,8 +431,28 @@ impl Config {
                 return invalid("users.login", "must not be empty".into());
             }
         }
+        if let Err(e) = crate::cluster::check(&self.cluster) {
+            return invalid(e.key(), e.to_string());
+        }
         Ok(())
     }
+}
+
+/// The top-level tables (`stomp`, `limits`, ...) whose contents differ between two config
+/// texts, sorted. A reload uses it to say which changes it ignored; both texts must already
+/// have parsed (`Config::parse`), so a text that is not TOML counts as empty here.
+pub fn tables_changed(old: &str, new: &str) -> Vec<String> {
+    let parse = |text: &str| text.parse::<toml::Table>().unwrap_or_default();
+    let (old, new) = (parse(old), parse(new));
+    let mut names: Vec<String> = old
+        .keys()
+        .chain(new.keys())
+        .filter(|k| old.get(*k) != new.get(*k))
+        .cloned()
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[cfg(test)]
@@ -501,6 +539,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("limits.memory_bytes_max"), "{e}");
+    }
+
+    #[test]
+    fn cluster_table_parses_and_is_checked() {
+        let c = parse("[cluster]\nmembers = [\"tcp://127.0.0.1:61613\", \"tcp://127.0.0.2:61613\"]\nupdate_cluster_clients = true\nrebalance_cluster_clients = true\n").unwrap();
+        assert_eq!(c.cluster.members.len(), 2);
+        assert!(c.cluster.update_cluster_clients && c.cluster.rebalance_cluster_clients);
+        let e = parse("[cluster]\nmembers = [\"tcp://a:1\", \"b:2\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster.members") && e.contains("'b:2'"), "{e}");
+        let e = parse("[cluster]\nrebalance_cluster_clients = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cluster.rebalance_cluster_clients") && e.contains("update_cluster_clients"),
+            "{e}"
+        );
+        let e = parse("[cluster]\nupdate_clients = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("update_clients"), "{e}");
+    }
+
+    #[test]
+    fn tables_changed_names_the_tables_that_differ() {
+        let old = "[stomp]\nlisten = \"127.0.0.1:1\"\n[cluster]\nmembers = []\n";
+        let new = "[stomp]\nlisten = \"127.0.0.1:2\"\n[cluster]\nmembers = [\"tcp://a:1\"]\n[limits]\nmemory_bytes_max = 2097152\n";
+        assert_eq!(tables_changed(old, new), ["cluster", "limits", "stomp"]);
+        let reformatted = "# comment\n[stomp]\nlisten=\"127.0.0.1:1\"\n\n[cluster]\nmembers=[]\n";
+        assert!(tables_changed(old, reformatted).is_empty());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! after every earlier answer for this connection.
 
 use crate::auth::Users;
+use crate::cluster::{self, ClusterFeed, ClusterHandle};
 use crate::config::Config;
 use crate::core::{CoreMsg, Outbound};
 use futures::{SinkExt, StreamExt};
@@ -27,6 +28,8 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 pub(crate) struct Shared {
     pub config: Config,
     pub users: Users,
+    /// The cluster settings in force (`config.cluster` is only what the broker started with).
+    pub cluster: ClusterHandle,
     pub core: mpsc::Sender<CoreMsg>,
 }
 
@@ -83,6 +86,8 @@ struct Session {
     /// Negotiated heart-beat periods (0 = none).
     send_ms: u64,
     recv_ms: u64,
+    /// Cluster announcements to push, if the client asked for them.
+    cluster: Option<ClusterFeed>,
 }
 
 async fn write_error_and_close(
@@ -187,6 +192,13 @@ async fn handshake(
             }
         },
     };
+    let cluster_updates = match cluster::wants_updates(frame.header(cluster::UPDATES_HEADER)) {
+        Ok(wanted) => wanted,
+        Err(message) => {
+            write_error_and_close(writer, &message).await;
+            return None;
+        }
+    };
     let (sx, sy) = (cfg.heartbeat_send_ms, cfg.heartbeat_receive_ms);
     let send_ms = if sx > 0 && cy > 0 { sx.max(cy) } else { 0 };
     let recv_ms = if sy > 0 && cx > 0 { sy.max(cx) } else { 0 };
@@ -225,6 +237,7 @@ async fn handshake(
     if version > Version::V1_0 {
         connected.push_header("heart-beat", format!("{sx},{sy}"));
     }
+    let cluster = shared.cluster.attach(cluster_updates, &mut connected);
     if !within(
         Duration::from_millis(cfg.connect_timeout_ms),
         writer.send(&connected),
@@ -248,6 +261,7 @@ async fn handshake(
         outbound: rx,
         send_ms,
         recv_ms,
+        cluster,
     })
 }
 
@@ -397,6 +411,11 @@ async fn run(
                         if core.send(msg).await.is_err() { break; }
                     }
                 }
+            }
+            frame = cluster::next_announcement(&mut s.cluster) => {
+                // Unsolicited, outside every subscription: see `cluster`.
+                if !within(wt, writer.send(&frame)).await { break; }
+                last_write = Instant::now();
             }
             _ = sleep_until(last_write + send_every) => {
                 if !within(wt, writer.send(Item::Heartbeat)).await { break; }

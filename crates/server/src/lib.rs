@@ -2,6 +2,7 @@
 //! the journal. `Server::start` recovers the journal, then serves STOMP until `shutdown`.
 
 mod auth;
+pub mod cluster;
 pub mod config;
 mod connection;
 mod core;
@@ -9,7 +10,8 @@ mod error;
 mod loader;
 mod lock;
 
-pub use config::Config;
+pub use cluster::{ClusterChange, ClusterError, ClusterHandle};
+pub use config::{ClusterConfig, Config};
 pub use error::ServerError;
 
 use crate::connection::Shared;
@@ -39,6 +41,7 @@ pub struct Server {
     accept: JoinHandle<()>,
     /// Connections being served; shutdown waits for them to write their last answers.
     open: Arc<AtomicUsize>,
+    cluster: ClusterHandle,
     _lock: lock::DirLock,
 }
 
@@ -187,8 +190,10 @@ impl Server {
         };
         let core = Core::new(engine, journal, limits);
         let core = tokio::spawn(core.run(core_rx, stop_rx.clone(), maintenance));
+        let cluster = ClusterHandle::new(config.cluster.clone());
         let shared = Arc::new(Shared {
             users: auth::Users::new(config.users.clone()),
+            cluster: cluster.clone(),
             config,
             core: core_tx,
         });
@@ -207,6 +212,7 @@ impl Server {
             core,
             accept,
             open,
+            cluster,
             _lock: lock,
         })
     }
@@ -239,6 +245,12 @@ impl Server {
     pub async fn shutdown(self) -> Result<(), ServerError> {
         let _ = self.stop.send(true);
         self.wait().await
+    }
+
+    /// The cluster settings clients are told about; `set_cluster` on it announces a change to
+    /// every connected client that asked for updates (SIGHUP in `haven run`, later Raft).
+    pub fn cluster_handle(&self) -> ClusterHandle {
+        self.cluster.clone()
     }
 
     /// A handle that stops the server from elsewhere (signal handlers).

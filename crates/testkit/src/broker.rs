@@ -212,6 +212,11 @@ impl BrokerProcess {
         self.signal(libc::SIGCONT)
     }
 
+    /// SIGHUP: `haven run` re-reads its config file (see [`BrokerProcess::config_path`]).
+    pub fn sighup(&mut self) -> Result<(), TestkitError> {
+        self.signal(libc::SIGHUP)
+    }
+
     /// SIGTERM, wait up to [`STOP_TIMEOUT_MS`], then SIGKILL. Returns how the process ended.
     pub fn stop(&mut self) -> Result<ExitStatus, TestkitError> {
         // A frozen process cannot act on SIGTERM.
@@ -286,6 +291,12 @@ impl BrokerProcess {
 
     pub fn log_path(&self) -> &Path {
         &self.log_path
+    }
+
+    /// The config file written from [`BrokerOpts::config_toml`] and passed as `--config`; a
+    /// test may rewrite it (restarts use whatever it then holds).
+    pub fn config_path(&self) -> Option<&Path> {
+        self.config_path.as_deref()
     }
 
     /// How many times the process was spawned (1 after `start`).

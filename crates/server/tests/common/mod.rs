@@ -55,6 +55,11 @@ impl Broker {
         self.server.as_ref().expect("running").local_addr()
     }
 
+    /// The running broker's cluster settings (`set_cluster` announces changes to clients).
+    pub fn cluster(&self) -> haven_server::ClusterHandle {
+        self.server.as_ref().expect("running").cluster_handle()
+    }
+
     /// Orderly stop, then start again on the same journal (on a new free port).
     pub async fn restart(&mut self) {
         let server = self.server.take().expect("running");
