@@ -247,3 +247,36 @@ async fn bad_cluster_config_stops_start_up_naming_the_entry() {
         "{text}"
     );
 }
+
+/// The failover client end to end: it merges the members CONNECTED names, then those a pushed
+/// announcement adds, and says so with a `ClusterUpdated` event.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_failover_client_merges_announced_members_into_its_list() {
+    let broker = start(cluster(&[B], true, false)).await;
+    let own = format!("tcp://{}", broker.addr());
+    let client = haven_client::Client::connect(
+        &format!("failover:({own})?randomize=false"),
+        ConnectOptions::default(),
+    )
+    .await
+    .expect("failover client connects");
+    assert_eq!(client.brokers(), vec![own.clone(), B.to_string()]);
+    let mut events = client.events();
+    broker
+        .cluster()
+        .set_cluster(cluster(&[B, C], true, false))
+        .unwrap();
+    loop {
+        match tokio::time::timeout(WAIT, events.recv()).await {
+            Ok(Ok(haven_client::ConnectionEvent::ClusterUpdated { brokers })) => {
+                assert_eq!(brokers, vec![own.clone(), B.to_string(), C.to_string()]);
+                break;
+            }
+            Ok(Ok(_)) => {}
+            other => panic!("expected ClusterUpdated, got {other:?}"),
+        }
+    }
+    assert_eq!(client.broker(), Some(own), "no rebalance asked: it stays");
+    client.disconnect().await.unwrap();
+    broker.stop().await;
+}
