@@ -111,8 +111,13 @@ impl SendArgs {
     fn validate(&self) -> Result<()> {
         for (name, _) in &self.headers {
             if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                let hint = if name.eq_ignore_ascii_case("persistent") {
+                    " (use --persistent true|false)"
+                } else {
+                    ""
+                };
                 return Err(CmdError::Args(format!(
-                    "--header {name}=... is set by haven send itself (use --persistent for persistent)"
+                    "--header {name}=...: haven send sets this header itself{hint}"
                 )));
             }
         }
