@@ -1,7 +1,11 @@
-//! The `haven` binary: `haven run` serves a broker; `haven bench` measures any STOMP broker.
+//! The `haven` binary: `haven run` serves a broker; `haven bench` measures any STOMP broker;
+//! `haven send` and `haven receive` move messages from the command line.
 
 mod bench;
+mod client_cmd;
+mod receive;
 mod reload;
+mod send;
 
 /// The broker allocates and frees a few small buffers per message on several threads; glibc's
 /// allocator fragments and spends a quarter of the CPU on that path (see BENCHMARKS.md).
@@ -42,13 +46,29 @@ enum Cmd {
     },
     /// Benchmark a STOMP broker (Haven, ActiveMQ, RabbitMQ).
     Bench(Box<bench::BenchArgs>),
+    /// Send messages to a destination (like `activemq producer`).
+    Send(Box<send::SendArgs>),
+    /// Receive messages from a destination (like `activemq consumer`).
+    Receive(Box<receive::ReceiveArgs>),
+}
+
+impl Cmd {
+    /// The log level when RUST_LOG is unset: the messaging commands print their own
+    /// summary, so only the client's warnings (reconnects, refusals) go with it.
+    fn default_log_level(&self) -> &'static str {
+        match self {
+            Cmd::Send(_) | Cmd::Receive(_) => "warn",
+            Cmd::Run { .. } | Cmd::Bench(_) => "info",
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| cli.command.default_log_level().into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -68,6 +88,20 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("haven bench: {e}");
                 ExitCode::FAILURE
+            }
+        },
+        Cmd::Send(args) => match runtime.block_on(send::run(*args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("haven send: {e}");
+                e.exit_code()
+            }
+        },
+        Cmd::Receive(args) => match runtime.block_on(receive::run(*args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("haven receive: {e}");
+                e.exit_code()
             }
         },
     }
