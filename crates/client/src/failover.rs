@@ -119,7 +119,24 @@ struct State {
     txs: HashMap<String, Tx>,
     /// Store id per connection generation (for duplicate-filter keys).
     stores: VecDeque<(u64, Arc<str>)>,
-    reconnects: u64,
+    stats: ClientStats,
+}
+
+/// Counters of a client's life, for tools and monitoring ([`Client::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// SENDs a broker confirmed (RECEIPT, or `haven-seq` after a reconnect).
+    pub sends_confirmed: u64,
+    /// SENDs a broker refused with an ERROR.
+    pub sends_refused: u64,
+    /// SENDs given up without a broker's answer (`timeout`, or reconnecting gave up).
+    pub sends_abandoned: u64,
+    /// SENDs written again on a new connection.
+    pub sends_resent: u64,
+    /// Redeliveries of already-acked messages dropped before the application saw them.
+    pub duplicates_dropped: u64,
+    /// Connections re-established after a loss.
+    pub reconnects: u64,
 }
 
 impl State {
@@ -159,7 +176,9 @@ pub(crate) struct SubTracker {
     destination: String,
     ack: AckMode,
     headers: Vec<(String, String)>,
-    tx: mpsc::Sender<Message>,
+    /// The application's channel; dropped (`None`) when the client stops, which ends the
+    /// `Subscription` stream.
+    tx: Mutex<Option<mpsc::Sender<Message>>>,
     client: Weak<Inner>,
     filter: Mutex<SubFilter>,
 }
@@ -197,7 +216,7 @@ impl Client {
                 subs: BTreeMap::new(),
                 txs: HashMap::new(),
                 stores: VecDeque::new(),
-                reconnects: 0,
+                stats: ClientStats::default(),
             }),
             window: Arc::new(Semaphore::new(opts.unconfirmed_sends_max.max(1))),
             uri,
@@ -232,8 +251,10 @@ impl Client {
         &self.inner.producer_id
     }
 
-    /// Connection events from now on. A listener that falls more than 256 events behind
-    /// misses the oldest (`RecvError::Lagged`).
+    /// Connection events from now on. The first connection is made before `connect`
+    /// returns, so its `Connected` event is only seen by listeners of another clone; read
+    /// [`Client::broker`] instead. A listener that falls more than 256 events behind misses the
+    /// oldest (`RecvError::Lagged`).
     pub fn events(&self) -> broadcast::Receiver<ConnectionEvent> {
         self.inner.events.subscribe()
     }
@@ -253,7 +274,19 @@ impl Client {
 
     /// Connections re-established after a loss.
     pub fn reconnects(&self) -> u64 {
-        self.inner.lock().reconnects
+        self.inner.lock().stats.reconnects
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        self.inner.lock().stats
+    }
+
+    /// Why the client stopped (`disconnect`, or reconnecting gave up); `None` while it runs.
+    pub fn close_reason(&self) -> Option<ClientError> {
+        match &*self.inner.link.borrow() {
+            Link::Down(e) => Some(e.clone()),
+            _ => None,
+        }
     }
 
     /// SENDs waiting for their RECEIPT.
@@ -362,7 +395,7 @@ impl Client {
             destination: destination.to_string(),
             ack,
             headers,
-            tx,
+            tx: Mutex::new(Some(tx)),
             client: Arc::downgrade(&self.inner),
             filter: Mutex::new(SubFilter {
                 acked: DupWindow::new(self.inner.opts.dedup_window_messages.max(1)),
@@ -388,10 +421,10 @@ impl Client {
                     }
                     st.subs.insert(id.clone(), tracker.clone());
                 }
-                match conn
-                    .subscribe_raw(&id, tracker.subscribe_frame(), tracker.tx.clone())
-                    .await
-                {
+                let Some(tx) = tracker.sender() else {
+                    return Err(ClientError::Closed);
+                };
+                match conn.subscribe_raw(&id, tracker.subscribe_frame(), tx).await {
                     Ok(r) => {
                         tracker.lock().receipt = r.id().to_string();
                         r
@@ -648,11 +681,13 @@ impl Client {
             std::mem::take(&mut st.pending).into_values().collect()
         };
         let unconfirmed = left.len();
+        self.inner.lock().stats.sends_abandoned += unconfirmed as u64;
         for p in left {
             if let Some(w) = p.waiter {
                 let _ = w.send(Err(ClientError::Closed));
             }
         }
+        close_subscriptions(&self.inner);
         if unconfirmed > 0 {
             return Err(ClientError::OutcomeUnknown {
                 what: format!("{unconfirmed} SENDs never confirmed before disconnect"),
@@ -849,7 +884,14 @@ impl Inner {
                 Err(_) => {
                     // Withdraw it so that it is not sent again behind the application's back.
                     let _order = self.order.lock().await;
-                    let withdrawn = self.lock().pending.remove(&seq);
+                    let withdrawn = {
+                        let mut st = self.lock();
+                        let withdrawn = st.pending.remove(&seq);
+                        if withdrawn.is_some() {
+                            st.stats.sends_abandoned += 1;
+                        }
+                        withdrawn
+                    };
                     return match withdrawn {
                         Some(p) if p.written_on.is_some() => Err(ClientError::OutcomeUnknown {
                             what: format!("{what} with producer sequence {seq}"),
@@ -866,7 +908,22 @@ impl Inner {
 
     /// Retires tracked frame `seq` with `outcome`.
     fn settle(&self, seq: u64, outcome: Result<()>) {
-        let pending = self.lock().pending.remove(&seq);
+        let pending = {
+            let mut st = self.lock();
+            let pending = st.pending.remove(&seq);
+            if let Some(Pending {
+                kind: PendingKind::Send { .. },
+                ..
+            }) = &pending
+            {
+                match &outcome {
+                    Ok(()) => st.stats.sends_confirmed += 1,
+                    Err(ClientError::Server { .. }) => st.stats.sends_refused += 1,
+                    Err(_) => st.stats.sends_abandoned += 1,
+                }
+            }
+            pending
+        };
         let Some(p) = pending else { return };
         if let PendingKind::Commit { transaction } = &p.kind {
             let tx = self.lock().txs.remove(transaction);
@@ -910,6 +967,18 @@ impl std::fmt::Debug for SubTracker {
 }
 
 impl SubTracker {
+    fn sender(&self) -> Option<mpsc::Sender<Message>> {
+        self.tx
+            .lock()
+            .expect("subscription sender poisoned")
+            .clone()
+    }
+
+    /// Ends the application's stream once what was already delivered is read.
+    fn close(&self) {
+        self.tx.lock().expect("subscription sender poisoned").take();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, SubFilter> {
         self.filter.lock().expect("subscription filter poisoned")
     }
@@ -982,6 +1051,7 @@ impl SubTracker {
             let mut f = self.lock();
             if f.acked.contains(&key) {
                 f.dropped += 1;
+                client.lock().stats.duplicates_dropped += 1;
                 true
             } else {
                 match self.ack {
@@ -1186,8 +1256,9 @@ async fn restore(
     }
     let mut receipts = Vec::new();
     for sub in &subs {
+        let Some(tx) = sub.sender() else { continue };
         let receipt = conn
-            .subscribe_raw(&sub.id, sub.subscribe_frame(), sub.tx.clone())
+            .subscribe_raw(&sub.id, sub.subscribe_frame(), tx)
             .await?;
         sub.lock().receipt = receipt.id().to_string();
         receipts.push(receipt);
@@ -1197,6 +1268,7 @@ async fn restore(
             return Err(conn.close_reason().unwrap_or(ClientError::Closed));
         }
     }
+    inner.lock().stats.sends_resent += resend.len() as u64;
     let wait_ms = inner.opts.connect_timeout_ms;
     for receipt in receipts {
         match tokio::time::timeout(Duration::from_millis(wait_ms), receipt).await {
@@ -1363,7 +1435,7 @@ async fn supervise(
                     conn = c;
                     broker = b;
                     generation = g;
-                    inner.lock().reconnects += 1;
+                    inner.lock().stats.reconnects += 1;
                     inner.emit(ConnectionEvent::Resumed {
                         broker: broker.clone(),
                         resent,
@@ -1496,5 +1568,13 @@ fn fail_all(inner: &Inner) {
         };
         inner.settle(seq, Err(outcome));
     }
-    inner.lock().subs.clear();
+    close_subscriptions(inner);
+}
+
+/// The client stopped: every subscription stream ends.
+fn close_subscriptions(inner: &Inner) {
+    let subs = std::mem::take(&mut inner.lock().subs);
+    for sub in subs.into_values() {
+        sub.close();
+    }
 }

@@ -27,7 +27,7 @@ mod writer;
 
 pub use connection::{Connection, Receipt};
 pub use error::ClientError;
-pub use failover::{Client, ConnectionEvent};
+pub use failover::{Client, ClientStats, ConnectionEvent};
 pub use haven_stomp::{Command, Frame, Version};
 pub use message::Message;
 pub use options::{AckMode, ConnectOptions};
