@@ -37,6 +37,9 @@ pub(crate) enum Outbound {
     Resume,
 }
 
+/// The answer to a CONNECT: the claimed producer's mark (0 if none), or why it was refused.
+pub(crate) type ConnectReply = oneshot::Sender<Result<u64, EngineError>>;
+
 pub(crate) enum CoreMsg {
     Connect {
         conn: ConnId,
@@ -46,7 +49,7 @@ pub(crate) enum CoreMsg {
         /// durable, so the client may treat every seq up to it as stored.
         producer: Option<String>,
         outbound: mpsc::UnboundedSender<Outbound>,
-        reply: oneshot::Sender<Result<u64, EngineError>>,
+        reply: ConnectReply,
     },
     Command(Command),
     /// The connection broke a protocol rule: ERROR (after what is already queued for it),
@@ -112,7 +115,7 @@ pub(crate) struct Core {
     /// CONNECT answers carrying a producer's mark, waiting for the journal like `gated`
     /// (kept apart: the connection is not served until it has its answer, so nothing else
     /// for it is queued and order with `gated` does not matter).
-    gated_replies: VecDeque<(Lsn, oneshot::Sender<Result<u64, EngineError>>, u64)>,
+    gated_replies: VecDeque<(Lsn, ConnectReply, u64)>,
     durable: Lsn,
     out: Vec<Output>,
     buf: Vec<u8>,
