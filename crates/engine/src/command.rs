@@ -14,6 +14,16 @@ pub struct NewMessage {
     pub expires_ms: u64,
 }
 
+/// A SEND's or COMMIT's `haven-producer` / `haven-seq` headers, parsed by the edge (the
+/// engine never reads headers for them): exactly-once sends, see `producers.rs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerSeq {
+    /// Non-empty, at most `PRODUCER_ID_BYTES_MAX` bytes.
+    pub producer: String,
+    /// At least 1.
+    pub seq: u64,
+}
+
 /// ActiveMQ consumer options from SUBSCRIBE headers.
 #[derive(Clone, Debug, Default)]
 pub struct SubscribeOptions {
@@ -66,6 +76,9 @@ pub enum Command {
     Connect {
         conn: ConnId,
         client_id: Option<String>,
+        /// `haven-producer`: this connection takes the producer over (older sessions that
+        /// claimed it are fenced); the caller reads [`crate::Engine::producer_hwm`] after.
+        producer: Option<String>,
     },
     /// The connection is gone (socket closed, ERROR sent, or DISCONNECT). Idempotent. Unacked
     /// messages are redelivered, transactions rolled back, temporary destinations deleted.
@@ -98,6 +111,9 @@ pub enum Command {
         message: NewMessage,
         transaction: Option<String>,
         receipt: Option<String>,
+        /// Exactly-once: a `seq` at or below the producer's mark is answered, not stored.
+        /// Always None inside a transaction (the COMMIT carries it there).
+        producer: Option<ProducerSeq>,
     },
     Ack {
         conn: ConnId,
@@ -120,6 +136,9 @@ pub enum Command {
         conn: ConnId,
         transaction: String,
         receipt: Option<String>,
+        /// Exactly-once: a `seq` at or below the producer's mark rolls the transaction back
+        /// and is answered as if committed.
+        producer: Option<ProducerSeq>,
     },
     Abort {
         conn: ConnId,

@@ -80,6 +80,11 @@ pub struct EngineConfig {
     pub destination_limits: Vec<DestinationLimits>,
     /// Scheduled messages (`AMQ_SCHEDULED_*`) held at once; each is kept in memory.
     pub scheduled_messages_max: usize,
+    /// A producer whose sequence mark was last raised this long ago is forgotten (a later
+    /// resend of its old sequence numbers is stored again). At least 1.
+    pub producer_idle_ms_max: u64,
+    /// Producers remembered at once; a new one beyond it forgets the least recently seen.
+    pub producers_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +109,8 @@ impl Default for EngineConfig {
             memory_bytes_max: u64::MAX,
             destination_limits: Vec::new(),
             scheduled_messages_max: 100_000,
+            producer_idle_ms_max: 7 * 24 * 3_600_000,
+            producers_max: 100_000,
             boot_id: 0,
         }
     }

@@ -4,14 +4,15 @@
 //! subscriptions that point at queues by id; `stored` tracks, for each persistent message held
 //! by a durable queue, which durable queues hold it and the LSN of the record describing it.
 
-use crate::command::{AckRef, Command, NewMessage, SubscribeOptions};
+use crate::command::{AckRef, Command, NewMessage, ProducerSeq, SubscribeOptions};
 use crate::config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
 use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
+use crate::producers::{ProducerStats, Producers, Released};
 use crate::queue::{ColdRef, Entry, InFlight, Queue, QueueId};
-use crate::record::Record;
+use crate::record::{ProducerMark, Record};
 use crate::selector::{message_lookup, Selector};
 use crate::types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination, QueueKey,
@@ -115,6 +116,8 @@ struct Conn {
     next_tag: u64,
     txs: HashMap<String, Tx>,
     temp_queues: Vec<QueueId>,
+    /// `haven-producer` claimed at CONNECT: this session is fenced once a newer one claims it.
+    producer: Option<String>,
 }
 
 #[derive(Debug)]
@@ -171,11 +174,15 @@ pub struct Engine {
     /// Scheduled messages by seq, and their firing order.
     schedules: HashMap<u64, Scheduled>,
     schedule_due: BTreeSet<(u64, u64)>,
+    /// Per-producer sequence marks (exactly-once sends) and who owns each producer.
+    producers: Producers,
 }
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
+        let producers = Producers::new(cfg.producer_idle_ms_max, cfg.producers_max);
         Engine {
+            producers,
             cfg,
             queues: Vec::new(),
             free_queue_ids: Vec::new(),
@@ -232,8 +239,12 @@ impl Engine {
             return Err(EngineError::UnknownConnection);
         }
         let receipt = match cmd {
-            Command::Connect { conn, client_id } => {
-                self.connect(conn, client_id)?;
+            Command::Connect {
+                conn,
+                client_id,
+                producer,
+            } => {
+                self.connect(conn, client_id, producer)?;
                 None
             }
             Command::Close { conn, receipt } => {
@@ -276,11 +287,24 @@ impl Engine {
                 message,
                 transaction,
                 receipt,
+                producer,
             } => {
                 if let Destination::Queue(name) | Destination::Topic(name) = &destination {
                     if is_wildcard(name) {
                         return Err(EngineError::WildcardSend(destination.to_string()));
                     }
+                }
+                assert!(
+                    transaction.is_none() || producer.is_none(),
+                    "producer headers are not interpreted on a transactional SEND"
+                );
+                if self.is_duplicate(conn, producer.as_ref())? {
+                    // Stored before: answered (the receipt below waits, like every effect,
+                    // for the records before it, including the one that stored it).
+                    self.finish();
+                    self.push_receipt(conn, receipt);
+                    out.append(&mut self.out);
+                    return Ok(());
                 }
                 let table = scheduler::timetable(&message.headers)?;
                 match (transaction, table) {
@@ -294,8 +318,14 @@ impl Engine {
                     (None, table) => {
                         self.check_record_size(&[(&destination, &message)], 0)?;
                         match table {
-                            Some(table) => self.schedule(destination, message, table)?,
-                            None => self.send(conn, destination, message),
+                            Some(table) => {
+                                let persistent = message.persistent;
+                                self.schedule(destination, message, table)?;
+                                if let Some(p) = producer {
+                                    self.scheduled_with_producer(p, persistent);
+                                }
+                            }
+                            None => self.send(conn, destination, message, producer),
                         }
                     }
                 }
@@ -340,8 +370,24 @@ impl Engine {
                 conn,
                 transaction,
                 receipt,
+                producer,
             } => {
-                self.commit(conn, &transaction)?;
+                if !self.conns[&conn].txs.contains_key(&transaction) {
+                    return Err(EngineError::UnknownTransaction(transaction));
+                }
+                if self.is_duplicate(conn, producer.as_ref())? {
+                    // Committed before: this resend's contents are discarded.
+                    let tx = self
+                        .conns
+                        .get_mut(&conn)
+                        .expect("checked")
+                        .txs
+                        .remove(&transaction);
+                    let tx = tx.ok_or(EngineError::UnknownTransaction(transaction))?;
+                    self.rollback(conn, tx);
+                } else {
+                    self.commit(conn, &transaction, producer)?;
+                }
                 receipt
             }
             Command::Abort {
@@ -380,12 +426,76 @@ impl Engine {
             Command::Receipt { receipt, .. } => Some(receipt),
         };
         self.finish();
+        self.push_receipt(conn, receipt);
+        out.append(&mut self.out);
+        Ok(())
+    }
+
+    fn push_receipt(&mut self, conn: ConnId, receipt: Option<String>) {
         if let Some(receipt) = receipt {
             self.out
                 .push(Output::Effect(Effect::Receipt { conn, receipt }));
         }
-        out.append(&mut self.out);
-        Ok(())
+    }
+
+    /// Exactly-once: whether a SEND or COMMIT with `producer` repeats one already accepted
+    /// (and is counted as such), or an error if this session no longer owns the producer.
+    /// Changes nothing but the counter; checked before anything else a duplicate could fail.
+    fn is_duplicate(
+        &mut self,
+        conn: ConnId,
+        producer: Option<&ProducerSeq>,
+    ) -> Result<bool, EngineError> {
+        let Some(p) = producer else {
+            return Ok(false);
+        };
+        let claimed = self.conns[&conn].producer.as_deref();
+        if self.producers.taken_over(&p.producer, conn, claimed) {
+            return Err(EngineError::ProducerTakenOver(p.producer.clone()));
+        }
+        if !self.producers.is_duplicate(&p.producer, p.seq) {
+            return Ok(false);
+        }
+        self.producers.count_duplicate();
+        Ok(true)
+    }
+
+    /// Raises `p`'s mark: in the record at `lsn` (durable), or in memory only (None: nothing
+    /// was logged, so after a restart there is nothing a resend could duplicate).
+    fn accept_producer(&mut self, p: &ProducerSeq, lsn: Option<u64>) {
+        let released = self.producers.accept(&p.producer, p.seq, self.now_ms, lsn);
+        self.release_producers(released);
+        if let Some(lsn) = lsn {
+            self.live
+                .insert(lsn, LiveObject::Producer(p.producer.clone()));
+        }
+    }
+
+    fn release_producers(&mut self, released: Released) {
+        for (lsn, id) in released {
+            self.live.remove(lsn, &LiveObject::Producer(id));
+        }
+    }
+
+    fn mark(&self, p: &ProducerSeq) -> ProducerMark {
+        ProducerMark {
+            producer: p.producer.clone(),
+            seq: p.seq,
+            seen_ms: self.now_ms,
+        }
+    }
+
+    /// A scheduled SEND with a producer: its `Schedule` record has no room for the mark, so a
+    /// `ProducerState` record follows it. Not atomic with it: a crash that keeps the first and
+    /// loses the second (the torn tail of one write) lets a resend schedule it twice.
+    fn scheduled_with_producer(&mut self, p: ProducerSeq, persistent: bool) {
+        if !persistent {
+            return self.accept_producer(&p, None);
+        }
+        let lsn = self.log(Record::ProducerState {
+            mark: self.mark(&p),
+        });
+        self.accept_producer(&p, Some(lsn));
     }
 
     /// Dispatches what became possible and logs the removes gathered during the call.
@@ -418,7 +528,12 @@ impl Engine {
         lsn
     }
 
-    fn connect(&mut self, conn: ConnId, client_id: Option<String>) -> Result<(), EngineError> {
+    fn connect(
+        &mut self,
+        conn: ConnId,
+        client_id: Option<String>,
+        producer: Option<String>,
+    ) -> Result<(), EngineError> {
         assert!(
             !self.conns.contains_key(&conn),
             "connection {conn} connected twice"
@@ -429,6 +544,9 @@ impl Engine {
             }
             self.client_ids.insert(id.clone(), conn);
         }
+        if let Some(p) = &producer {
+            self.producers.claim(p, conn);
+        }
         self.conns.insert(
             conn,
             Conn {
@@ -438,6 +556,7 @@ impl Engine {
                 next_tag: 1,
                 txs: HashMap::new(),
                 temp_queues: Vec::new(),
+                producer,
             },
         );
         Ok(())
@@ -462,6 +581,9 @@ impl Engine {
         );
         if let Some(id) = c.client_id {
             self.client_ids.remove(&id);
+        }
+        if let Some(p) = c.producer {
+            self.producers.release_claim(&p, conn);
         }
         for q in c.temp_queues {
             let mut queue = self.remove_queue(q);
@@ -851,17 +973,28 @@ impl Engine {
         Ok(())
     }
 
-    fn send(&mut self, sender: ConnId, destination: Destination, message: NewMessage) {
+    fn send(
+        &mut self,
+        sender: ConnId,
+        destination: Destination,
+        message: NewMessage,
+        producer: Option<ProducerSeq>,
+    ) {
         self.declare_before_route(&destination);
         let msg = self.number(&destination, message);
         let lsn = self.lsn;
         let holders = self.route(sender, &destination, msg.clone(), lsn, true);
-        if !holders.is_empty() {
+        let logged = !holders.is_empty();
+        if logged {
             let logged = self.log(Record::Store {
                 message: msg,
                 holders,
+                producer: producer.as_ref().map(|p| self.mark(p)),
             });
             assert_eq!(logged, lsn);
+        }
+        if let Some(p) = producer {
+            self.accept_producer(&p, logged.then_some(lsn));
         }
     }
 
@@ -1138,7 +1271,12 @@ impl Engine {
         Ok(())
     }
 
-    fn commit(&mut self, conn: ConnId, tx_name: &str) -> Result<(), EngineError> {
+    fn commit(
+        &mut self,
+        conn: ConnId,
+        tx_name: &str,
+        producer: Option<ProducerSeq>,
+    ) -> Result<(), EngineError> {
         if let Some(tx) = self.conns[&conn].txs.get(tx_name) {
             // The commit is one record: refuse it (the transaction stays open, the client may
             // ABORT) rather than emit a record the log cannot take.
@@ -1194,13 +1332,20 @@ impl Engine {
             .into_iter()
             .flat_map(|(q, seqs)| seqs.into_iter().map(move |s| (q.clone(), s)))
             .collect();
-        if !stores.is_empty() || !removes.is_empty() || !schedules.is_empty() {
+        // A commit that logs nothing (only non-persistent SENDs) raises the mark in memory
+        // only, like a non-persistent SEND.
+        let logged = !stores.is_empty() || !removes.is_empty() || !schedules.is_empty();
+        if logged {
             let logged = self.log(Record::Commit {
                 stores,
                 removes,
                 schedules: schedules.clone(),
+                producer: producer.as_ref().map(|p| self.mark(p)),
             });
             assert_eq!(logged, lsn);
+        }
+        if let Some(p) = producer {
+            self.accept_producer(&p, logged.then_some(lsn));
         }
         for (msg, state) in schedules {
             self.apply_schedule(msg, state, lsn);
@@ -1321,6 +1466,8 @@ impl Engine {
             }
         }
         self.fire_due();
+        let released = self.producers.forget_idle(ctx.now_ms);
+        self.release_producers(released);
         self.finish();
         out.append(&mut self.out);
     }
@@ -1398,6 +1545,7 @@ impl Engine {
             let lsn = self.log(Record::Store {
                 message: msg.clone(),
                 holders: holders.clone(),
+                producer: None,
             });
             self.track_store(msg, holders, lsn);
         } else if msg.persistent && !msg.destination.is_temporary() && from_key.is_durable_kind() {
@@ -1886,7 +2034,16 @@ impl Engine {
 
     fn replay_record(&mut self, lsn: u64, record: Record) -> Result<(), String> {
         match record {
-            Record::Store { message, holders } => self.replay_store(message, holders, lsn),
+            Record::Store {
+                message,
+                holders,
+                producer,
+            } => {
+                self.replay_store(message, holders, lsn);
+                if let Some(mark) = producer {
+                    self.replay_producer(&mark, lsn);
+                }
+            }
             Record::Remove { queue, seqs } => {
                 for seq in seqs {
                     self.replay_remove(&queue, seq);
@@ -1896,6 +2053,7 @@ impl Engine {
                 stores,
                 removes,
                 schedules,
+                producer,
             } => {
                 for (q, seq) in removes {
                     self.replay_remove(&q, seq);
@@ -1906,7 +2064,11 @@ impl Engine {
                 for (m, state) in schedules {
                     self.replay_schedule(m, state, lsn);
                 }
+                if let Some(mark) = producer {
+                    self.replay_producer(&mark, lsn);
+                }
             }
+            Record::ProducerState { mark } => self.replay_producer(&mark, lsn),
             Record::DurableSubscribe {
                 client_id,
                 name,
@@ -2012,6 +2174,15 @@ impl Engine {
         self.track_store(msg, holders, lsn);
     }
 
+    /// The record at `lsn` sets a producer's mark (the newest record wins; eviction beyond
+    /// `producers_max` applies as live, idle forgetting at the first tick).
+    fn replay_producer(&mut self, mark: &ProducerMark, lsn: u64) {
+        let released = self.producers.replay(mark, lsn);
+        self.release_producers(released);
+        self.live
+            .insert(lsn, LiveObject::Producer(mark.producer.clone()));
+    }
+
     fn replay_remove(&mut self, key: &QueueKey, seq: u64) {
         let Some(stored) = self.stored.get(&seq) else {
             if let Some(&q) = self.queue_ids.get(key) {
@@ -2104,11 +2275,24 @@ impl Engine {
                 LiveObject::Message(seq) => {
                     let stored = &self.stored[&seq];
                     let (msg, holders) = (stored.msg.clone(), stored.holders.clone());
+                    // No producer: a re-log must not move the producer's mark back.
                     let lsn = self.log(Record::Store {
                         message: msg.clone(),
                         holders: holders.clone(),
+                        producer: None,
                     });
                     self.track_store(msg, holders, lsn);
+                }
+                LiveObject::Producer(id) => {
+                    let mark = self
+                        .producers
+                        .durable_mark(&id)
+                        .expect("live producer has a durable mark");
+                    let new = self.log(Record::ProducerState { mark });
+                    let old = self.producers.relogged(&id, new);
+                    assert_eq!(old, lsn, "live set and producer table disagree");
+                    self.live.remove(old, &LiveObject::Producer(id.clone()));
+                    self.live.insert(new, LiveObject::Producer(id));
                 }
                 LiveObject::DurableSub { client_id, name } => {
                     let q = self.queue_ids[&QueueKey::Durable {
@@ -2185,6 +2369,23 @@ impl Engine {
             .count()
     }
 
+    /// Producer → (seq, seen_ms) as the log has it: equal before a crash and after replay
+    /// (with the same forgetting applied), like [`Engine::durable_contents`].
+    pub fn durable_producers(&self) -> BTreeMap<String, (u64, u64)> {
+        self.producers.durable_marks()
+    }
+
+    /// The high-water mark of `producer` (0 if unknown): what CONNECTED reports in
+    /// `haven-seq`. The caller must not report it before every record appended so far is
+    /// durable (the record that raised it may be among them).
+    pub fn producer_hwm(&self, producer: &str) -> u64 {
+        self.producers.hwm(producer)
+    }
+
+    pub fn producer_stats(&self) -> ProducerStats {
+        self.producers.stats()
+    }
+
     pub fn connection_count(&self) -> usize {
         self.conns.len()
     }
@@ -2241,7 +2442,15 @@ impl Engine {
                 + self.paged_live_count()
                 + self.schedules.len()
                 + self.declared_queue_count()
+                + self.producers.durable_count()
         );
+        self.producers.check_invariants();
+        let marks: BTreeSet<(u64, String)> = self
+            .producers
+            .durable_lsns()
+            .map(|(lsn, id)| (lsn, id.to_string()))
+            .collect();
+        assert_eq!(&marks, self.live.producers(), "producer marks not live");
         for (q, queue) in self.queues.iter().enumerate() {
             if queue.as_ref().is_some_and(|queue| queue.is_paging()) {
                 assert!(self.paging_queues.contains(&q), "paging queue not tracked");

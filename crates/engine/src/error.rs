@@ -49,6 +49,8 @@ pub enum EngineError {
     TooManyScheduled(usize),
     #[error("scheduled messages (AMQ_SCHEDULED_*) cannot be sent in a transaction")]
     ScheduledInTransaction,
+    #[error("producer '{0}' was taken over by a newer connection (CONNECT with haven-producer); this session may no longer send for it")]
+    ProducerTakenOver(String),
     #[error("temporary destination belongs to another connection")]
     NotOwner,
     #[error(transparent)]

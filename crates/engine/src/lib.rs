@@ -23,18 +23,20 @@ mod engine;
 mod error;
 mod live;
 mod message;
+mod producers;
 mod queue;
 pub mod record;
 pub mod selector;
 mod types;
 
-pub use command::{AckRef, Command, NewMessage, SubscribeOptions};
+pub use command::{AckRef, Command, NewMessage, ProducerSeq, SubscribeOptions};
 pub use config::{DestinationLimits, DlqPolicy, EngineConfig, RedeliveryPolicy};
 pub use effect::{Delivery, Effect, Output};
 pub use engine::{Ctx, Engine, MemoryStats, MessageLoader, QueueStats};
 pub use error::EngineError;
 pub use message::Message;
-pub use record::{Record, ScheduleState};
+pub use producers::{ProducerStats, PRODUCER_ID_BYTES_MAX};
+pub use record::{ProducerMark, Record, ScheduleState};
 pub use types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination,
     DestinationError, QueueKey,

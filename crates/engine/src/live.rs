@@ -4,7 +4,8 @@
 //! one record at a known LSN. The lowest such LSN bounds what the log must keep: segments
 //! wholly below it can be deleted, and compaction re-logs the objects in an old, sparse
 //! segment so that segment can go too. Spilled non-persistent messages (see `paging`) count
-//! too while their only copy is in the log.
+//! too while their only copy is in the log, and so do producers' sequence marks (the newest
+//! record carrying each, see `producers`).
 //!
 //! Messages are kept as bare `(lsn, seq)` pairs: with a deep backlog paged out to disk this set
 //! is most of the memory a message costs (about 20 bytes each in the B-tree).
@@ -20,6 +21,8 @@ pub(crate) enum LiveObject {
     },
     /// A declared queue (a virtual topic's consumer queue): exists even while empty.
     Queue(String),
+    /// A producer's durable sequence mark (exactly-once sends).
+    Producer(String),
 }
 
 #[derive(Default, Debug)]
@@ -27,6 +30,7 @@ pub(crate) struct LiveSet {
     messages: BTreeSet<(u64, u64)>,
     subs: BTreeSet<(u64, String, String)>,
     queues: BTreeSet<(u64, String)>,
+    producers: BTreeSet<(u64, String)>,
 }
 
 impl LiveSet {
@@ -35,6 +39,7 @@ impl LiveSet {
             LiveObject::Message(seq) => self.messages.insert((lsn, seq)),
             LiveObject::DurableSub { client_id, name } => self.subs.insert((lsn, client_id, name)),
             LiveObject::Queue(name) => self.queues.insert((lsn, name)),
+            LiveObject::Producer(id) => self.producers.insert((lsn, id)),
         };
         assert!(fresh, "live object recorded twice at one lsn");
     }
@@ -46,6 +51,7 @@ impl LiveSet {
                 self.subs.remove(&(lsn, client_id.clone(), name.clone()))
             }
             LiveObject::Queue(name) => self.queues.remove(&(lsn, name.clone())),
+            LiveObject::Producer(id) => self.producers.remove(&(lsn, id.clone())),
         };
         assert!(found, "live object {object:?} not at lsn {lsn}");
     }
@@ -54,11 +60,17 @@ impl LiveSet {
         let m = self.messages.first().map(|(lsn, _)| *lsn);
         let s = self.subs.first().map(|(lsn, _, _)| *lsn);
         let q = self.queues.first().map(|(lsn, _)| *lsn);
-        [m, s, q].into_iter().flatten().min()
+        let p = self.producers.first().map(|(lsn, _)| *lsn);
+        [m, s, q, p].into_iter().flatten().min()
     }
 
     pub fn len(&self) -> usize {
-        self.messages.len() + self.subs.len() + self.queues.len()
+        self.messages.len() + self.subs.len() + self.queues.len() + self.producers.len()
+    }
+
+    /// The producer marks, (lsn, id): for the engine's cross-check.
+    pub fn producers(&self) -> &BTreeSet<(u64, String)> {
+        &self.producers
     }
 
     /// Up to `max` objects whose describing record is below `lsn`, durable subscriptions first
@@ -79,6 +91,11 @@ impl LiveSet {
             self.queues
                 .range(..(lsn, String::new()))
                 .map(|(l, n)| (*l, LiveObject::Queue(n.clone()))),
+        );
+        out.extend(
+            self.producers
+                .range(..(lsn, String::new()))
+                .map(|(l, id)| (*l, LiveObject::Producer(id.clone()))),
         );
         let room = max.saturating_sub(out.len());
         out.extend(
@@ -101,6 +118,10 @@ impl LiveSet {
             .queues
             .range((lo, String::new())..(hi, String::new()))
             .count();
-        m + s + q
+        let p = self
+            .producers
+            .range((lo, String::new())..(hi, String::new()))
+            .count();
+        m + s + q + p
     }
 }

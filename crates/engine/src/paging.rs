@@ -358,6 +358,7 @@ impl Engine {
             self.log(crate::record::Record::Store {
                 message: msg,
                 holders,
+                producer: None,
             })
         };
         self.queue_mut(q).cold.set_lsn(seq, lsn);

@@ -17,6 +17,11 @@ pub enum Record {
     Store {
         message: Arc<Message>,
         holders: Vec<QueueKey>,
+        /// The producer sequence of the SEND that stored it (exactly-once sends): replay sets
+        /// the producer's high-water mark from it. Only the SEND's own record carries it;
+        /// re-logs (compaction, DLQ moves) do not, or replay would move the mark back. A store
+        /// with a producer has its own tag, so stores without keep their encoding.
+        producer: Option<ProducerMark>,
     },
     /// Messages no longer held by `queue` (acknowledged, expired).
     Remove {
@@ -29,6 +34,9 @@ pub enum Record {
         removes: Vec<(QueueKey, u64)>,
         /// A commit with schedules has its own tag, so commits without keep their encoding.
         schedules: Vec<(Arc<Message>, ScheduleState)>,
+        /// COMMIT's producer sequence: the mark is durable with the transaction, atomically.
+        /// Own tag (with every list present), so older commits keep their encoding.
+        producer: Option<ProducerMark>,
     },
     DurableSubscribe {
         client_id: String,
@@ -55,6 +63,12 @@ pub enum Record {
         message: Arc<Message>,
         state: ScheduleState,
     },
+    /// A producer's high-water mark, re-logged by compaction so that it outlives the records
+    /// of the messages that set it (or written after a scheduled SEND, whose own record has no
+    /// room for it). Replay: the producer's mark is exactly this (the newest record wins).
+    ProducerState {
+        mark: ProducerMark,
+    },
     /// A queue that must exist even while empty (a virtual topic's consumer queue: messages
     /// sent to the topic are copied into it whether or not a consumer is connected).
     DeclareQueue {
@@ -69,6 +83,17 @@ pub enum Record {
         holders: Vec<QueueKey>,
         next: Option<ScheduleState>,
     },
+}
+
+/// A producer's sequence as the log keeps it (see `producers.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerMark {
+    /// The `haven-producer` id.
+    pub producer: String,
+    /// Its high-water mark: every `haven-seq` up to this one was accepted.
+    pub seq: u64,
+    /// When the broker accepted it, ms since the Unix epoch: what idle forgetting measures.
+    pub seen_ms: u64,
 }
 
 /// Where a scheduled message's timetable stands.
@@ -94,6 +119,9 @@ const TAG_SCHEDULE: u8 = 8;
 const TAG_FIRE: u8 = 9;
 const TAG_COMMIT_SCHEDULED: u8 = 10;
 const TAG_DECLARE_QUEUE: u8 = 11;
+const TAG_STORE_PRODUCED: u8 = 12;
+const TAG_COMMIT_PRODUCED: u8 = 13;
+const TAG_PRODUCER_STATE: u8 = 14;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("undecodable log record at byte {offset}: {reason}")]
@@ -105,10 +133,21 @@ pub struct RecordError {
 impl Record {
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
-            Record::Store { message, holders } => {
-                out.push(TAG_STORE);
+            Record::Store {
+                message,
+                holders,
+                producer,
+            } => {
+                out.push(if producer.is_some() {
+                    TAG_STORE_PRODUCED
+                } else {
+                    TAG_STORE
+                });
                 put_message(out, message);
                 put_holders(out, holders);
+                if let Some(mark) = producer {
+                    put_mark(out, mark);
+                }
             }
             Record::Remove { queue, seqs } => {
                 out.push(TAG_REMOVE);
@@ -122,11 +161,12 @@ impl Record {
                 stores,
                 removes,
                 schedules,
+                producer,
             } => {
-                out.push(if schedules.is_empty() {
-                    TAG_COMMIT
-                } else {
-                    TAG_COMMIT_SCHEDULED
+                out.push(match (producer, schedules.is_empty()) {
+                    (Some(_), _) => TAG_COMMIT_PRODUCED,
+                    (None, true) => TAG_COMMIT,
+                    (None, false) => TAG_COMMIT_SCHEDULED,
                 });
                 put_u32(out, stores.len() as u32);
                 for (m, h) in stores {
@@ -138,13 +178,20 @@ impl Record {
                     put_queue(out, q);
                     put_u64(out, *s);
                 }
-                if !schedules.is_empty() {
+                if !schedules.is_empty() || producer.is_some() {
                     put_u32(out, schedules.len() as u32);
                     for (m, state) in schedules {
                         put_any_message(out, m);
                         put_schedule(out, state);
                     }
                 }
+                if let Some(mark) = producer {
+                    put_mark(out, mark);
+                }
+            }
+            Record::ProducerState { mark } => {
+                out.push(TAG_PRODUCER_STATE);
+                put_mark(out, mark);
             }
             Record::DurableSubscribe {
                 client_id,
@@ -235,10 +282,18 @@ impl Record {
     pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
         let mut r = Reader { bytes, pos: 0 };
         let record = match r.u8()? {
-            TAG_STORE => {
+            tag @ (TAG_STORE | TAG_STORE_PRODUCED) => {
                 let message = Arc::new(r.message()?);
                 let holders = r.holders()?;
-                Record::Store { message, holders }
+                let producer = match tag {
+                    TAG_STORE_PRODUCED => Some(r.mark()?),
+                    _ => None,
+                };
+                Record::Store {
+                    message,
+                    holders,
+                    producer,
+                }
             }
             TAG_REMOVE => {
                 let queue = r.queue()?;
@@ -249,7 +304,7 @@ impl Record {
                 }
                 Record::Remove { queue, seqs }
             }
-            tag @ (TAG_COMMIT | TAG_COMMIT_SCHEDULED) => {
+            tag @ (TAG_COMMIT | TAG_COMMIT_SCHEDULED | TAG_COMMIT_PRODUCED) => {
                 let n = r.count(16)?;
                 let mut stores = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -263,7 +318,7 @@ impl Record {
                     removes.push((q, r.u64()?));
                 }
                 let mut schedules = Vec::new();
-                if tag == TAG_COMMIT_SCHEDULED {
+                if tag != TAG_COMMIT {
                     let n = r.count(16)?;
                     schedules.reserve(n);
                     for _ in 0..n {
@@ -271,12 +326,18 @@ impl Record {
                         schedules.push((m, r.schedule()?));
                     }
                 }
+                let producer = match tag {
+                    TAG_COMMIT_PRODUCED => Some(r.mark()?),
+                    _ => None,
+                };
                 Record::Commit {
                     stores,
                     removes,
                     schedules,
+                    producer,
                 }
             }
+            TAG_PRODUCER_STATE => Record::ProducerState { mark: r.mark()? },
             TAG_DURABLE_SUBSCRIBE => Record::DurableSubscribe {
                 client_id: r.string()?,
                 name: r.string()?,
@@ -317,6 +378,16 @@ impl Record {
         }
         Ok(record)
     }
+}
+
+fn put_mark(out: &mut Vec<u8>, m: &ProducerMark) {
+    assert!(
+        !m.producer.is_empty() && m.seq >= 1,
+        "invalid producer mark {m:?}"
+    );
+    put_str(out, &m.producer);
+    put_u64(out, m.seq);
+    put_u64(out, m.seen_ms);
 }
 
 fn put_schedule(out: &mut Vec<u8>, s: &ScheduleState) {
@@ -462,6 +533,19 @@ impl<'a> Reader<'a> {
         })
     }
 
+    fn mark(&mut self) -> Result<ProducerMark, RecordError> {
+        let producer = self.string()?;
+        let seq = self.u64()?;
+        if producer.is_empty() || seq == 0 {
+            return Err(self.err("invalid producer mark"));
+        }
+        Ok(ProducerMark {
+            producer,
+            seq,
+            seen_ms: self.u64()?,
+        })
+    }
+
     fn holders(&mut self) -> Result<Vec<QueueKey>, RecordError> {
         let n = self.count(5)?;
         (0..n).map(|_| self.queue()).collect()
@@ -536,11 +620,16 @@ mod tests {
                                     hk in "[a-z]{0,8}", hv in "\\PC{0,16}", seqs in proptest::collection::vec(any::<u64>(), 0..20)) {
             let m = msg(seq, body, vec![(hk.clone(), hv.clone())]);
             let holders = vec![QueueKey::Queue("a".into()), QueueKey::Durable { client_id: hk.clone(), name: hv.clone() }];
+            let mark = ProducerMark { producer: format!("p{hv}"), seq: seq.max(1), seen_ms: seq };
             let records = vec![
-                Record::Store { message: m.clone(), holders: holders.clone() },
+                Record::Store { message: m.clone(), holders: holders.clone(), producer: None },
+                Record::Store { message: m.clone(), holders: holders.clone(), producer: Some(mark.clone()) },
                 Record::Remove { queue: QueueKey::Queue(hv.clone()), seqs: seqs.clone() },
-                Record::Commit { stores: vec![(m.clone(), holders.clone())], removes: seqs.iter().map(|s| (QueueKey::Queue("a".into()), *s)).collect(), schedules: Vec::new() },
-                Record::Commit { stores: vec![(m.clone(), holders)], removes: Vec::new(), schedules: vec![(m.clone(), ScheduleState { due_ms: 9, repeats_left: 2, anchor_ms: 0 })] },
+                Record::Commit { stores: vec![(m.clone(), holders.clone())], removes: seqs.iter().map(|s| (QueueKey::Queue("a".into()), *s)).collect(), schedules: Vec::new(), producer: None },
+                Record::Commit { stores: vec![(m.clone(), holders.clone())], removes: Vec::new(), schedules: vec![(m.clone(), ScheduleState { due_ms: 9, repeats_left: 2, anchor_ms: 0 })], producer: None },
+                Record::Commit { stores: vec![(m.clone(), holders.clone())], removes: Vec::new(), schedules: Vec::new(), producer: Some(mark.clone()) },
+                Record::Commit { stores: Vec::new(), removes: vec![(QueueKey::Queue("a".into()), 3)], schedules: vec![(m.clone(), ScheduleState { due_ms: 9, repeats_left: 2, anchor_ms: 0 })], producer: Some(mark.clone()) },
+                Record::ProducerState { mark: mark.clone() },
                 Record::DurableSubscribe { client_id: hk.clone(), name: hv.clone(), topic: "t".into(), selector: Some("a = 1".into()) },
                 Record::DurableUnsubscribe { client_id: hk, name: hv },
                 Record::Checkpoint { next_seq: seq },
@@ -560,6 +649,25 @@ mod tests {
                     }
                 }
             }
+        }
+
+        /// Records written before producer sequences existed keep their bytes: a store or
+        /// commit without a producer is encoded exactly as before (old logs stay readable, and
+        /// a downgrade can read what a new broker wrote without producers).
+        #[test]
+        fn records_without_a_producer_keep_their_encoding(seq in any::<u64>(), body in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let m = msg(seq, body, Vec::new());
+            let holders = vec![QueueKey::Queue("a".into())];
+            let mut old = vec![TAG_STORE];
+            put_message(&mut old, &m);
+            put_holders(&mut old, &holders);
+            prop_assert_eq!(Record::Store { message: m.clone(), holders: holders.clone(), producer: None }.to_bytes(), old);
+            let mut old = vec![TAG_COMMIT];
+            put_u32(&mut old, 1);
+            put_message(&mut old, &m);
+            put_holders(&mut old, &holders);
+            put_u32(&mut old, 0);
+            prop_assert_eq!(Record::Commit { stores: vec![(m, holders)], removes: Vec::new(), schedules: Vec::new(), producer: None }.to_bytes(), old);
         }
 
         #[test]

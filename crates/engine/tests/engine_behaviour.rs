@@ -226,6 +226,7 @@ fn transaction_commit_is_one_record_and_abort_makes_acked_messages_available() {
         conn: 1,
         transaction: "t1".into(),
         receipt: Some("c".into()),
+        producer: None,
     });
     assert_eq!(bodies(&e), vec!["x", "y"]);
     assert_eq!(
@@ -274,13 +275,15 @@ fn transaction_commit_is_one_record_and_abort_makes_acked_messages_available() {
         conn: 2,
         transaction: "t3".into(),
         receipt: None,
+        producer: None,
     });
     assert_eq!(held(&h.engine.durable_contents(), "out"), 0);
     assert!(matches!(
         h.cmd(Command::Commit {
             conn: 2,
             transaction: "t3".into(),
-            receipt: None
+            receipt: None,
+            producer: None
         }),
         Err(EngineError::UnknownTransaction(_))
     ));
@@ -348,7 +351,8 @@ fn durable_subscription_rules() {
     assert!(matches!(
         h.cmd(Command::Connect {
             conn: 3,
-            client_id: Some("c".into())
+            client_id: Some("c".into()),
+            producer: None
         }),
         Err(EngineError::ClientIdInUse(_))
     ));
@@ -371,6 +375,7 @@ fn priority_orders_higher_first_and_fifo_within_a_priority() {
             },
             transaction: None,
             receipt: None,
+            producer: None,
         });
     }
     let e = h.subscribe(1, "s", "/queue/p", AckMode::Auto, 100);
@@ -393,6 +398,7 @@ fn expired_messages_are_never_delivered() {
         },
         transaction: None,
         receipt: None,
+        producer: None,
     });
     h.now_ms = 3_000;
     let e = h.subscribe(1, "s", "/queue/e", AckMode::Auto, 100);
@@ -570,6 +576,7 @@ fn expired_messages_can_go_to_the_dlq_instead() {
         },
         transaction: None,
         receipt: None,
+        producer: None,
     });
     h.now_ms = 3_000;
     assert!(deliveries(&h.subscribe(1, "s", "/queue/e", AckMode::Auto, 100)).is_empty());

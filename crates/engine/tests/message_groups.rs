@@ -24,6 +24,7 @@ fn send(h: &mut Harness, group: &str, body: &str, seq: Option<i64>) -> Vec<Effec
         },
         transaction: None,
         receipt: None,
+        producer: None,
     })
 }
 

@@ -46,6 +46,11 @@ const REDELIVERIES_MAX: u32 = 1;
 /// Re-pointing a durable subscription at another topic is part of the model (it once lost track
 /// of what it dropped after truncation: `durable_topic_change_survives_truncation`).
 const SKIP_DURABLE_TOPIC_CHANGE: bool = false;
+/// Producer ids for exactly-once sends; "p2" is never claimed at CONNECT.
+const PRODUCERS: [&str; 3] = ["p0", "p1", "p2"];
+/// The producer each slot claims at CONNECT: slots 0 and 2 share "p0", so each reconnect of
+/// one fences the other's session.
+const CLAIMS: [Option<&str>; 4] = [Some("p0"), None, Some("p0"), Some("p1")];
 /// Bound on the healing phase's ACK rounds.
 const DRAIN_ROUNDS_MAX: usize = 10_000;
 
@@ -98,6 +103,10 @@ enum Op {
         ttl_ms: Option<u64>,
         tx: Option<usize>,
         receipt: bool,
+        /// `haven-producer` (index into PRODUCERS) and `haven-seq`: small seqs, so resends,
+        /// gaps and duplicates are frequent. Inside a transaction the headers are plain
+        /// headers (not interpreted).
+        producer: Option<(usize, u64)>,
     },
     /// ACK (or NACK) the `pick`-th outstanding delivery of the connection.
     Ack {
@@ -123,6 +132,7 @@ enum Op {
         slot: usize,
         tx: usize,
         receipt: bool,
+        producer: Option<(usize, u64)>,
     },
     Abort {
         slot: usize,
@@ -166,6 +176,7 @@ fn op() -> impl Strategy<Value = Op> {
     let slot = 0..CLIENT_IDS.len();
     let sub = 0..SUB_IDS.len();
     let tx = proptest::option::weighted(0.25, 0..TX_NAMES.len());
+    let producer = proptest::option::weighted(0.5, (0..PRODUCERS.len(), 1..=6u64));
     prop_oneof![
         2 => slot.clone().prop_map(|slot| Op::Connect { slot }),
         1 => (slot.clone(), any::<bool>()).prop_map(|(slot, receipt)| Op::Close { slot, receipt }),
@@ -180,9 +191,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (slot.clone(), sub.clone(), proptest::option::weighted(0.5, 0..DURABLE_NAMES.len()))
             .prop_map(|(slot, sub, durable)| Op::Unsubscribe { slot, sub, durable }),
         14 => (slot.clone(), target(), proptest::bool::weighted(0.7), 0..=9u8,
-               proptest::option::weighted(0.2, 1..3_000u64), tx.clone(), any::<bool>())
-            .prop_map(|(slot, target, persistent, priority, ttl_ms, tx, receipt)| Op::Send {
-                slot, target, persistent, priority, ttl_ms, tx, receipt,
+               proptest::option::weighted(0.2, 1..3_000u64), tx.clone(), any::<bool>(),
+               producer.clone())
+            .prop_map(|(slot, target, persistent, priority, ttl_ms, tx, receipt, producer)| Op::Send {
+                slot, target, persistent, priority, ttl_ms, tx, receipt, producer,
             }),
         10 => (slot.clone(), any::<usize>(), proptest::bool::weighted(0.75), tx,
                proptest::bool::weighted(0.2), any::<bool>())
@@ -192,8 +204,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (slot.clone(), any::<usize>(), any::<bool>(), any::<bool>())
             .prop_map(|(slot, pick, positive, by_id)| Op::BogusAck { slot, pick, positive, by_id }),
         2 => (slot.clone(), 0..TX_NAMES.len()).prop_map(|(slot, tx)| Op::Begin { slot, tx }),
-        2 => (slot.clone(), 0..TX_NAMES.len(), any::<bool>())
-            .prop_map(|(slot, tx, receipt)| Op::Commit { slot, tx, receipt }),
+        2 => (slot.clone(), 0..TX_NAMES.len(), any::<bool>(), producer)
+            .prop_map(|(slot, tx, receipt, producer)| Op::Commit { slot, tx, receipt, producer }),
         1 => (slot.clone(), 0..TX_NAMES.len()).prop_map(|(slot, tx)| Op::Abort { slot, tx }),
         4 => (slot, sub, 1..=3u32).prop_map(|(slot, sub, count)| Op::Credit { slot, sub, count }),
         1 => (1..2_000u64).prop_map(|ms| Op::Advance { ms }),
@@ -253,6 +265,8 @@ struct ConnModel {
     settled: Vec<u64>,
     last_tag: u64,
     txs: BTreeMap<String, TxModel>,
+    /// `haven-producer` claimed at CONNECT.
+    claim: Option<String>,
 }
 
 struct Model {
@@ -279,6 +293,12 @@ struct Model {
     fifo: BTreeMap<(QueueKey, u8), u64>,
     /// Property 2: (queue that must account for it, body).
     must_keep: BTreeSet<(QueueKey, String)>,
+    /// Exactly-once: each producer's mark as clients were told (in memory), and as the log
+    /// has it (survives a crash).
+    hwm: BTreeMap<String, u64>,
+    hwm_durable: BTreeMap<String, u64>,
+    /// Producer → the connection that most recently claimed it.
+    owners: BTreeMap<String, ConnId>,
 }
 
 fn body_str(m: &Message) -> String {
@@ -319,6 +339,9 @@ impl Model {
             delivered: BTreeSet::new(),
             fifo: BTreeMap::new(),
             must_keep: BTreeSet::new(),
+            hwm: BTreeMap::new(),
+            hwm_durable: BTreeMap::new(),
+            owners: BTreeMap::new(),
         }
     }
 
@@ -361,6 +384,11 @@ impl Model {
             Op::Connect { slot } => self.connect(slot),
             Op::Close { slot, receipt } => {
                 let conn = self.slots[slot].as_ref().map_or(self.stale[slot], |c| c.id);
+                if let Some(p) = self.slots[slot].as_ref().and_then(|c| c.claim.clone()) {
+                    if self.owners.get(&p) == Some(&conn) {
+                        self.owners.remove(&p);
+                    }
+                }
                 self.slots[slot] = None;
                 let receipt = self.receipt(receipt);
                 let out = self
@@ -391,7 +419,10 @@ impl Model {
                 ttl_ms,
                 tx,
                 receipt,
-            } => self.send(slot, target, persistent, priority, ttl_ms, tx, receipt),
+                producer,
+            } => self.send(
+                slot, target, persistent, priority, ttl_ms, tx, receipt, producer,
+            ),
             Op::Ack {
                 slot,
                 pick,
@@ -466,8 +497,13 @@ impl Model {
                     c.txs.insert(TX_NAMES[tx].into(), TxModel::default());
                 }
             }
-            Op::Commit { slot, tx, receipt } => self.end_tx(slot, tx, true, receipt),
-            Op::Abort { slot, tx } => self.end_tx(slot, tx, false, false),
+            Op::Commit {
+                slot,
+                tx,
+                receipt,
+                producer,
+            } => self.end_tx(slot, tx, true, receipt, producer),
+            Op::Abort { slot, tx } => self.end_tx(slot, tx, false, false, None),
             Op::Credit { slot, sub, count } => {
                 let Some(conn) = self.conn(slot) else { return };
                 // The oldest `count` written frames of an auto-ack subscription are consumed.
@@ -513,6 +549,11 @@ impl Model {
                     self.h.engine.durable_contents(),
                     "recovery after compaction and truncation differs"
                 );
+                assert_eq!(
+                    recovered.durable_producers(),
+                    self.h.engine.durable_producers(),
+                    "producer marks after compaction and truncation differ"
+                );
                 assert!(
                     recovered.next_seq() >= self.h.engine.next_seq(),
                     "message numbering went back after truncation"
@@ -528,6 +569,7 @@ impl Model {
         let id = self.next_conn;
         self.next_conn += 1;
         let client_id = CLIENT_IDS[slot].map(str::to_string);
+        let claim = CLAIMS[slot].map(str::to_string);
         let in_use = client_id.is_some()
             && self
                 .slots
@@ -537,6 +579,7 @@ impl Model {
         let r = self.h.cmd_outputs(Command::Connect {
             conn: id,
             client_id: client_id.clone(),
+            producer: claim.clone(),
         });
         if in_use {
             assert_eq!(
@@ -546,6 +589,14 @@ impl Model {
             return;
         }
         assert!(r.expect("CONNECT accepted").is_empty());
+        if let Some(p) = &claim {
+            self.owners.insert(p.clone(), id);
+            assert_eq!(
+                self.h.engine.producer_hwm(p),
+                self.hwm.get(p).copied().unwrap_or(0),
+                "CONNECTED reports the producer's mark"
+            );
+        }
         self.stale[slot] = id;
         self.slots[slot] = Some(ConnModel {
             id,
@@ -555,6 +606,7 @@ impl Model {
             settled: Vec::new(),
             last_tag: 0,
             txs: BTreeMap::new(),
+            claim,
         });
     }
 
@@ -721,6 +773,7 @@ impl Model {
         ttl_ms: Option<u64>,
         tx: Option<usize>,
         receipt: bool,
+        producer: Option<(usize, u64)>,
     ) {
         let Some(conn) = self.conn(slot) else { return };
         self.next_body += 1;
@@ -736,11 +789,20 @@ impl Model {
             },
         );
         let receipt = self.receipt(receipt);
+        let mut headers = vec![("body".into(), body.clone())];
+        let seq = producer.map(|(p, seq)| ProducerSeq {
+            producer: PRODUCERS[p].into(),
+            seq,
+        });
+        if let Some(p) = &seq {
+            headers.push(("haven-producer".into(), p.producer.clone()));
+            headers.push(("haven-seq".into(), p.seq.to_string()));
+        }
         let r = self.h.cmd_outputs(Command::Send {
             conn,
             destination: target.destination(),
             message: NewMessage {
-                headers: vec![("body".into(), body.clone())],
+                headers,
                 body: Bytes::from(body.clone()),
                 persistent,
                 priority,
@@ -748,6 +810,8 @@ impl Model {
             },
             transaction: tx.map(|t| TX_NAMES[t].into()),
             receipt: receipt.clone(),
+            // Inside a transaction the headers stay plain headers.
+            producer: if tx.is_none() { seq.clone() } else { None },
         });
         let c = self.slots[slot].as_mut().expect("connected");
         match tx {
@@ -768,11 +832,59 @@ impl Model {
                 }
             },
             None => {
+                if let Some(p) = &seq {
+                    if self.fenced(slot, &p.producer) {
+                        let err = r.unwrap_err();
+                        assert_eq!(err, EngineError::ProducerTakenOver(p.producer.clone()));
+                        return;
+                    }
+                    if p.seq <= self.hwm.get(&p.producer).copied().unwrap_or(0) {
+                        let out = r.expect("a duplicate SEND is answered");
+                        assert!(
+                            out.iter()
+                                .all(|o| matches!(o, Output::Effect(Effect::Receipt { .. }))),
+                            "a duplicate SEND stores and routes nothing: {out:?}"
+                        );
+                        self.absorb(&out, conn, receipt.as_deref());
+                        return;
+                    }
+                }
                 let out = r.expect("SEND accepted");
                 let stores = self.absorb(&out, conn, receipt.as_deref());
+                if let Some(p) = &seq {
+                    self.accepted(p, &out, stores.contains_key(&body));
+                }
                 self.account_sends(&[body], &stores);
             }
         }
+    }
+
+    /// Whether the slot's session claimed `producer` and a newer one took it over.
+    fn fenced(&self, slot: usize, producer: &str) -> bool {
+        let c = self.slots[slot].as_ref().expect("connected");
+        c.claim.as_deref() == Some(producer) && self.owners.get(producer) != Some(&c.id)
+    }
+
+    /// A SEND or COMMIT with `p` was accepted; `logged`: its record was written, and must
+    /// carry the mark.
+    fn accepted(&mut self, p: &ProducerSeq, out: &[Output], logged: bool) {
+        let marks: Vec<&ProducerMark> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Log(Record::Store { producer, .. })
+                | Output::Log(Record::Commit { producer, .. }) => producer.as_ref(),
+                Output::Log(Record::ProducerState { mark }) => Some(mark),
+                _ => None,
+            })
+            .collect();
+        if logged {
+            assert_eq!(marks.len(), 1, "one record carries the mark: {out:?}");
+            assert_eq!((&marks[0].producer, marks[0].seq), (&p.producer, p.seq));
+            self.hwm_durable.insert(p.producer.clone(), p.seq);
+        } else {
+            assert!(marks.is_empty(), "nothing logged, so no mark: {out:?}");
+        }
+        self.hwm.insert(p.producer.clone(), p.seq);
     }
 
     /// Checks that accepted SENDs were logged exactly when they must be, and records which
@@ -900,15 +1012,27 @@ impl Model {
         self.absorb(&out, conn, receipt.as_deref());
     }
 
-    fn end_tx(&mut self, slot: usize, tx: usize, commit: bool, receipt: bool) {
+    fn end_tx(
+        &mut self,
+        slot: usize,
+        tx: usize,
+        commit: bool,
+        receipt: bool,
+        producer: Option<(usize, u64)>,
+    ) {
         let Some(conn) = self.conn(slot) else { return };
         let name = TX_NAMES[tx];
         let receipt = self.receipt(receipt);
+        let seq = producer.map(|(p, seq)| ProducerSeq {
+            producer: PRODUCERS[p].into(),
+            seq,
+        });
         let cmd = if commit {
             Command::Commit {
                 conn,
                 transaction: name.into(),
                 receipt: receipt.clone(),
+                producer: seq.clone(),
             }
         } else {
             Command::Abort {
@@ -918,6 +1042,23 @@ impl Model {
             }
         };
         let r = self.h.cmd_outputs(cmd);
+        let known = self.slots[slot]
+            .as_ref()
+            .expect("connected")
+            .txs
+            .contains_key(name);
+        let mut commit = commit;
+        let mut duplicate = false;
+        if let (true, Some(p)) = (known, &seq) {
+            if self.fenced(slot, &p.producer) {
+                let err = r.unwrap_err();
+                assert_eq!(err, EngineError::ProducerTakenOver(p.producer.clone()));
+                return; // the transaction stays open
+            }
+            // A resent COMMIT: its transaction is rolled back, and answered.
+            duplicate = p.seq <= self.hwm.get(&p.producer).copied().unwrap_or(0);
+            commit = !duplicate;
+        }
         let c = self.slots[slot].as_mut().expect("connected");
         let Some(txm) = c.txs.remove(name) else {
             assert_eq!(r.unwrap_err(), EngineError::UnknownTransaction(name.into()));
@@ -935,8 +1076,21 @@ impl Model {
         }
         let stores = self.absorb(&out, conn, receipt.as_deref());
         if commit {
+            if let Some(p) = &seq {
+                let logged = out
+                    .iter()
+                    .any(|o| matches!(o, Output::Log(Record::Commit { .. })));
+                self.accepted(p, &out, logged);
+            }
             self.account_sends(&txm.sends, &stores);
         } else {
+            if duplicate {
+                assert!(
+                    !out.iter()
+                        .any(|o| matches!(o, Output::Log(Record::Commit { .. }))),
+                    "a duplicate COMMIT commits nothing"
+                );
+            }
             // A release may dead-letter (and so re-log) a message; the sends are dropped.
             assert!(
                 txm.sends.iter().all(|b| !stores.contains_key(b)),
@@ -947,6 +1101,7 @@ impl Model {
 
     fn crash(&mut self) {
         let before = self.h.engine.durable_contents();
+        let producers_before = self.h.engine.durable_producers();
         // A new process gets a new boot id (it distinguishes non-persistent message ids).
         self.h.cfg.boot_id += 1;
         self.h.crash_and_recover();
@@ -955,6 +1110,14 @@ impl Model {
             before,
             "recovery changed durable state"
         );
+        assert_eq!(
+            self.h.engine.durable_producers(),
+            producers_before,
+            "recovery changed the producer marks"
+        );
+        // Marks raised by messages that were never logged are gone with them.
+        self.hwm = self.hwm_durable.clone();
+        self.owners.clear();
         assert_eq!(self.h.engine.connection_count(), 0);
         self.slots = Default::default();
         self.fifo.clear();
@@ -972,7 +1135,9 @@ impl Model {
         let mut receipted = false;
         for (i, o) in out.iter().enumerate() {
             match o {
-                Output::Log(Record::Store { message, holders }) => {
+                Output::Log(Record::Store {
+                    message, holders, ..
+                }) => {
                     self.note_message(message);
                     self.logged.insert(body_str(message));
                     stores.insert(body_str(message), holders.clone());
@@ -1018,11 +1183,8 @@ impl Model {
         assert_eq!(m.priority, sent.priority, "{body}");
         assert_eq!(m.expires_ms, sent.expires_ms, "{body}");
         assert_eq!(m.persistent, sent.persistent, "{body}");
-        assert_eq!(
-            m.headers,
-            vec![("body".to_string(), body.clone())],
-            "{body}"
-        );
+        // Producer headers (if any) stay on the message after the body header.
+        assert_eq!(m.headers[0], ("body".to_string(), body.clone()), "{body}");
         let seq = *self.seq_of.entry(body.clone()).or_insert(m.seq);
         assert_eq!(seq, m.seq, "{body} changed its seq");
         // No message-id is ever given to two messages, across restarts too
@@ -1139,6 +1301,18 @@ impl Model {
 
     /// Cross-checks the engine's durable and per-queue state against the model.
     fn check(&self) {
+        let marks: BTreeMap<String, u64> = self
+            .h
+            .engine
+            .durable_producers()
+            .into_iter()
+            .map(|(p, (seq, _))| (p, seq))
+            .collect();
+        assert_eq!(marks, self.hwm_durable, "durable producer marks");
+        for p in PRODUCERS {
+            let want = self.hwm.get(p).copied().unwrap_or(0);
+            assert_eq!(self.h.engine.producer_hwm(p), want, "mark of {p}");
+        }
         let contents = self.h.engine.durable_contents();
         let durable_keys: BTreeSet<&QueueKey> = contents
             .keys()

@@ -60,6 +60,7 @@ fn a_commit_whose_record_would_be_too_large_is_refused_and_stays_open() {
         conn: 1,
         transaction: "tx".into(),
         receipt: None,
+        producer: None,
     };
     assert!(matches!(
         h.cmd(commit()),
@@ -91,6 +92,7 @@ fn records_that_fit_are_accepted_and_never_exceed_the_limit() {
         },
         transaction: None,
         receipt: None,
+        producer: None,
     };
     h.engine
         .handle(send, ctx, &mut out)
@@ -109,6 +111,7 @@ fn records_that_fit_are_accepted_and_never_exceed_the_limit() {
         },
         transaction: None,
         receipt: None,
+        producer: None,
     };
     assert!(matches!(
         h.cmd(big),

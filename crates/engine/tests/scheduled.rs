@@ -30,6 +30,7 @@ fn scheduled_send(
         },
         transaction: tx.map(str::to_string),
         receipt: None,
+        producer: None,
     })
 }
 
@@ -260,6 +261,7 @@ fn scheduled_sends_in_a_transaction_are_held_from_its_commit_and_survive_a_crash
         conn: 1,
         transaction: "keep".into(),
         receipt: None,
+        producer: None,
     });
     assert_eq!(h.engine.scheduled_count(), 1);
     h.crash_and_recover();

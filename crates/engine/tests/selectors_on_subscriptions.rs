@@ -36,6 +36,7 @@ fn send(h: &mut Harness, dest: &str, body: &str, color: &str) -> Vec<Effect> {
         },
         transaction: None,
         receipt: None,
+        producer: None,
     })
 }
 

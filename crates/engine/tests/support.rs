@@ -117,6 +117,7 @@ impl Harness {
         self.ok(Command::Connect {
             conn,
             client_id: client_id.map(str::to_string),
+            producer: None,
         });
     }
 
@@ -164,6 +165,7 @@ impl Harness {
             },
             transaction: tx.map(str::to_string),
             receipt: Some(format!("r-{body}")),
+            producer: None,
         })
     }
 

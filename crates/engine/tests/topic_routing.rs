@@ -84,6 +84,7 @@ fn sending_to_a_wildcard_or_consuming_a_wildcard_queue_is_refused() {
         },
         transaction: None,
         receipt: None,
+        producer: None,
     };
     assert!(matches!(h.cmd(send), Err(EngineError::WildcardSend(_))));
     let browse = Command::Subscribe {

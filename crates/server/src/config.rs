@@ -124,6 +124,12 @@ pub struct LimitsConfig {
     pub producer_wait_ms_max: u64,
     /// Scheduled messages (`AMQ_SCHEDULED_*`) held at once; each is kept in memory.
     pub scheduled_messages_max: usize,
+    /// Exactly-once sends: a producer (`haven-producer`) whose sequence was last raised this
+    /// long ago is forgotten; a later resend of one of its old sequence numbers is stored
+    /// again. Default 7 days.
+    pub producer_idle_ms_max: u64,
+    /// Producers remembered at once; a new one beyond it forgets the least recently seen.
+    pub producers_max: usize,
     /// Per-destination limits (`[[limits.destination]]`), first match wins.
     pub destination: Vec<DestinationLimitsConfig>,
 }
@@ -234,6 +240,8 @@ impl Default for LimitsConfig {
             disk_free_bytes_min: 128 * 1024 * 1024,
             producer_wait_ms_max: 30_000,
             scheduled_messages_max: 100_000,
+            producer_idle_ms_max: 7 * 24 * 3_600_000,
+            producers_max: 100_000,
             destination: Vec::new(),
         }
     }
@@ -372,6 +380,12 @@ impl Config {
         }
         if l.scheduled_messages_max == 0 {
             return invalid("limits.scheduled_messages_max", "must be at least 1".into());
+        }
+        if l.producer_idle_ms_max == 0 {
+            return invalid("limits.producer_idle_ms_max", "must be at least 1".into());
+        }
+        if l.producers_max == 0 {
+            return invalid("limits.producers_max", "must be at least 1".into());
         }
         for p in &l.destination {
             if !is_destination_pattern(&p.destination) {
@@ -520,6 +534,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn producer_limits_parse_and_are_checked() {
+        let c = parse("[limits]\nproducer_idle_ms_max = 60000\nproducers_max = 5\n").unwrap();
+        assert_eq!(
+            (c.limits.producer_idle_ms_max, c.limits.producers_max),
+            (60_000, 5)
+        );
+        let d = parse("").unwrap();
+        assert_eq!(d.limits.producer_idle_ms_max, 604_800_000);
+        assert_eq!(d.limits.producers_max, 100_000);
+        for bad in ["producer_idle_ms_max = 0", "producers_max = 0"] {
+            let e = parse(&format!("[limits]\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{e}");
+        }
     }
 
     #[test]

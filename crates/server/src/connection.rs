@@ -14,7 +14,8 @@ use crate::core::{CoreMsg, Outbound};
 use futures::{SinkExt, StreamExt};
 use haven_engine::selector::Selector;
 use haven_engine::{
-    AckMode, AckRef, Command, ConnId, Delivery, Destination, NewMessage, SubscribeOptions,
+    AckMode, AckRef, Command, ConnId, Delivery, Destination, NewMessage, ProducerSeq,
+    SubscribeOptions, PRODUCER_ID_BYTES_MAX,
 };
 use haven_stomp::{Command as Cmd, Frame, Item, Limits, StompCodec, Version};
 use std::sync::Arc;
@@ -203,6 +204,15 @@ async fn handshake(
     let send_ms = if sx > 0 && cy > 0 { sx.max(cy) } else { 0 };
     let recv_ms = if sy > 0 && cx > 0 { sy.max(cx) } else { 0 };
     let client_id = frame.header("client-id").map(str::to_string);
+    // Exactly-once sends: this session takes the producer over; CONNECTED says how far its
+    // sequence got.
+    let producer = match frame.header("haven-producer").map(producer_id).transpose() {
+        Ok(p) => p,
+        Err(message) => {
+            write_error_and_close(writer, &message).await;
+            return None;
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let (reply_tx, reply_rx) = oneshot::channel();
     if shared
@@ -210,6 +220,7 @@ async fn handshake(
         .send(CoreMsg::Connect {
             conn,
             client_id,
+            producer: producer.clone(),
             outbound: tx,
             reply: reply_tx,
         })
@@ -219,8 +230,8 @@ async fn handshake(
         write_error_and_close(writer, "broker is shutting down").await;
         return None;
     }
-    match reply_rx.await {
-        Ok(Ok(())) => {}
+    let producer_hwm = match reply_rx.await {
+        Ok(Ok(hwm)) => hwm,
         Ok(Err(e)) => {
             write_error_and_close(writer, &e.to_string()).await;
             return None;
@@ -229,13 +240,16 @@ async fn handshake(
             write_error_and_close(writer, "broker is shutting down").await;
             return None;
         }
-    }
+    };
     let mut connected = Frame::new(Cmd::Connected)
         .with_header("version", version.as_str())
         .with_header("server", format!("Haven/{}", env!("CARGO_PKG_VERSION")))
         .with_header("session", format!("haven-{conn}"));
     if version > Version::V1_0 {
         connected.push_header("heart-beat", format!("{sx},{sy}"));
+    }
+    if producer.is_some() {
+        connected.push_header("haven-seq", producer_hwm.to_string());
     }
     let cluster = shared.cluster.attach(cluster_updates, &mut connected);
     if !within(
@@ -448,6 +462,42 @@ fn opt(frame: &Frame, name: &str) -> Option<String> {
     frame.header(name).map(str::to_string)
 }
 
+/// A `haven-producer` id: non-empty, at most `PRODUCER_ID_BYTES_MAX` bytes.
+fn producer_id(id: &str) -> Result<String, String> {
+    if id.is_empty() || id.len() > PRODUCER_ID_BYTES_MAX {
+        return Err(format!(
+            "haven-producer must be 1 to {PRODUCER_ID_BYTES_MAX} bytes, not {} bytes",
+            id.len()
+        ));
+    }
+    Ok(id.to_string())
+}
+
+/// Exactly-once sends: `haven-producer` and `haven-seq` (a decimal u64 of at least 1), both
+/// or neither. The headers stay on the message too (consumers and bridges may use them).
+fn producer_seq(frame: &Frame) -> Result<Option<ProducerSeq>, String> {
+    let command = frame.command.as_str();
+    match (frame.header("haven-producer"), frame.header("haven-seq")) {
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(format!(
+            "{command} frame has only one of 'haven-producer' and 'haven-seq': both or neither"
+        )),
+        (Some(id), Some(seq)) => {
+            let producer = producer_id(id)?;
+            let seq = match seq.parse::<u64>() {
+                Ok(s) if s >= 1 => s,
+                _ => {
+                    return Err(format!(
+                        "haven-seq must be a decimal integer from 1 to {}, not '{seq}'",
+                        u64::MAX
+                    ))
+                }
+            };
+            Ok(Some(ProducerSeq { producer, seq }))
+        }
+    }
+}
+
 /// Turns a client frame into an engine command, or says what is wrong with it.
 /// Why a frame did not become exactly one command.
 enum Refusal {
@@ -542,7 +592,21 @@ fn translate(
                 expires_ms,
             };
             let transaction = opt(frame, "transaction");
+            // Inside a transaction the COMMIT carries the producer sequence; a SEND's own
+            // producer headers are plain headers there (not interpreted, not checked).
+            let producer = match transaction {
+                Some(_) => None,
+                None => producer_seq(frame)?,
+            };
             if composite.len() > 1 {
+                if producer.is_some() {
+                    // One sequence number cannot cover several stores that are not atomic.
+                    return Err(Refusal::Bad(
+                        "haven-producer/haven-seq cannot be used with a composite destination \
+                         outside a transaction"
+                            .into(),
+                    ));
+                }
                 let last = composite.len() - 1;
                 let cmds = composite
                     .into_iter()
@@ -553,6 +617,7 @@ fn translate(
                         message: message.clone(),
                         transaction: transaction.clone(),
                         receipt: if i == last { receipt.clone() } else { None },
+                        producer: None,
                     })
                     .collect();
                 return Err(Refusal::Composite(cmds));
@@ -563,6 +628,7 @@ fn translate(
                 message,
                 transaction,
                 receipt,
+                producer,
             }
         }
         Cmd::Subscribe => {
@@ -684,6 +750,7 @@ fn translate(
             conn,
             transaction: required(frame, "transaction")?.to_string(),
             receipt,
+            producer: producer_seq(frame)?,
         },
         Cmd::Abort => Command::Abort {
             conn,

@@ -37,12 +37,19 @@ pub(crate) enum Outbound {
     Resume,
 }
 
+/// The answer to a CONNECT: the claimed producer's mark (0 if none), or why it was refused.
+pub(crate) type ConnectReply = oneshot::Sender<Result<u64, EngineError>>;
+
 pub(crate) enum CoreMsg {
     Connect {
         conn: ConnId,
         client_id: Option<String>,
+        /// `haven-producer`: the reply carries its mark (0 if unknown or not given), sent only
+        /// once every record appended so far — the one that raised the mark among them — is
+        /// durable, so the client may treat every seq up to it as stored.
+        producer: Option<String>,
         outbound: mpsc::UnboundedSender<Outbound>,
-        reply: oneshot::Sender<Result<(), EngineError>>,
+        reply: ConnectReply,
     },
     Command(Command),
     /// The connection broke a protocol rule: ERROR (after what is already queued for it),
@@ -105,6 +112,10 @@ pub(crate) struct Core {
     conns: HashMap<ConnId, mpsc::UnboundedSender<Outbound>>,
     /// Effects waiting for the journal: (LSN that must be durable, connection, effect).
     gated: VecDeque<(Lsn, ConnId, Outbound)>,
+    /// CONNECT answers carrying a producer's mark, waiting for the journal like `gated`
+    /// (kept apart: the connection is not served until it has its answer, so nothing else
+    /// for it is queued and order with `gated` does not matter).
+    gated_replies: VecDeque<(Lsn, ConnectReply, u64)>,
     durable: Lsn,
     out: Vec<Output>,
     buf: Vec<u8>,
@@ -188,6 +199,7 @@ impl Core {
             journal,
             conns: HashMap::new(),
             gated: VecDeque::new(),
+            gated_replies: VecDeque::new(),
             durable,
             out: Vec::new(),
             buf: Vec::with_capacity(64 * 1024),
@@ -287,6 +299,9 @@ impl Core {
                 let _ = tx.send(ob);
             }
         }
+        for (_, reply, hwm) in self.gated_replies.drain(..) {
+            let _ = reply.send(Ok(hwm));
+        }
         for (_, tx) in self.conns.drain() {
             let _ = tx.send(Outbound::Close);
         }
@@ -299,7 +314,8 @@ impl Core {
     /// crash before then redelivers those messages, which `ack:auto` allows.
     fn kick_journal(&mut self) {
         let unsynced = self.journal.next_lsn() - 1 - self.durable;
-        if !self.gated.is_empty() || unsynced >= LAZY_RECORDS_MAX {
+        if !self.gated.is_empty() || !self.gated_replies.is_empty() || unsynced >= LAZY_RECORDS_MAX
+        {
             self.journal.flush();
         }
     }
@@ -316,18 +332,38 @@ impl Core {
             CoreMsg::Connect {
                 conn,
                 client_id,
+                producer,
                 outbound,
                 reply,
             } => {
                 let ctx = self.ctx();
-                let r =
-                    self.engine
-                        .handle(Command::Connect { conn, client_id }, ctx, &mut self.out);
+                let r = self.engine.handle(
+                    Command::Connect {
+                        conn,
+                        client_id,
+                        producer: producer.clone(),
+                    },
+                    ctx,
+                    &mut self.out,
+                );
                 if r.is_ok() {
                     self.conns.insert(conn, outbound);
                 }
                 self.absorb();
-                let _ = reply.send(r);
+                match (r, producer) {
+                    (Ok(()), Some(p)) => {
+                        let hwm = self.engine.producer_hwm(&p);
+                        let gate = self.journal.next_lsn() - 1;
+                        if gate <= self.durable {
+                            let _ = reply.send(Ok(hwm));
+                        } else {
+                            self.gated_replies.push_back((gate, reply, hwm));
+                        }
+                    }
+                    (r, _) => {
+                        let _ = reply.send(r.map(|()| 0));
+                    }
+                }
             }
             CoreMsg::Command(cmd) => {
                 let conn = cmd.conn();
@@ -429,8 +465,15 @@ impl Core {
         let is_close = matches!(cmd, Command::Close { .. });
         let receipt = receipt_of(&cmd);
         let ctx = self.ctx();
+        let duplicates = self.engine.producer_stats().duplicates_dropped_total;
         match self.engine.handle(cmd, ctx, &mut self.out) {
             Ok(()) => {
+                if self.engine.producer_stats().duplicates_dropped_total > duplicates {
+                    tracing::debug!(
+                        conn,
+                        "duplicate SEND/COMMIT (producer sequence): answered, not stored"
+                    );
+                }
                 self.absorb();
                 if is_close {
                     self.emit(conn, Outbound::Close);
@@ -531,6 +574,14 @@ impl Core {
             let (_, conn, ob) = self.gated.pop_front().expect("front exists");
             self.send(conn, ob);
         }
+        while self
+            .gated_replies
+            .front()
+            .is_some_and(|(gate, _, _)| *gate <= durable)
+        {
+            let (_, reply, hwm) = self.gated_replies.pop_front().expect("front exists");
+            let _ = reply.send(Ok(hwm));
+        }
     }
 
     /// Sets `disk_block` from the journal's size and the file system's free space; logs when
@@ -594,6 +645,11 @@ impl Core {
         let segments = self.journal.segments();
         self.check_disk(segments.len() as u64);
         self.log_paging();
+        // Idle producers are forgotten by the engine's clock (also when no redelivery or
+        // schedule makes the core tick more often).
+        let ctx = self.ctx();
+        self.engine.tick(ctx, &mut self.out);
+        self.absorb();
         let next = self.journal.next_lsn();
         let min_live = self.engine.min_live_lsn().unwrap_or(next);
         if let Some(cp) = self.checkpoint {
@@ -686,6 +742,7 @@ mod tests {
             },
             transaction: None,
             receipt: Some("r".into()),
+            producer: None,
         }));
         sync(core);
     }
@@ -722,6 +779,7 @@ mod tests {
             core.on_msg(CoreMsg::Connect {
                 conn: 1,
                 client_id: None,
+                producer: None,
                 outbound: tx,
                 reply: rtx,
             });

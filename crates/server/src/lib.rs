@@ -100,6 +100,8 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
             })
             .collect(),
         scheduled_messages_max: c.limits.scheduled_messages_max,
+        producer_idle_ms_max: c.limits.producer_idle_ms_max,
+        producers_max: c.limits.producers_max,
     }
 }
 
@@ -163,6 +165,7 @@ impl Server {
             records,
             messages,
             durable_objects = engine.live_count(),
+            producers = engine.producer_stats().producers,
             ms = started.elapsed().as_millis() as u64,
             dir = %dir.display(),
             "journal recovered"

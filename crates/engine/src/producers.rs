@@ -1,0 +1,359 @@
+//! The producer table: per `haven-producer` id, the high-water mark of its `haven-seq`, so a
+//! resend of a SEND (or COMMIT) that was already accepted is answered and not stored again.
+//!
+//! Each entry has two views. The in-memory mark (`hwm`) is what duplicates are judged by; it
+//! also moves for messages that are never logged (non-persistent, or persistent with nowhere
+//! durable to go), because while the broker runs such a message is as accepted as any other.
+//! The durable mark is what the log says: the newest record carrying this producer (a store or
+//! commit with a producer, or a `ProducerState` re-logged by compaction) and its LSN. Replay
+//! rebuilds exactly the durable marks ("the newest record wins"), so after a restart a resend
+//! of a non-persistent message is accepted again — it is gone, so it is a duplicate of nothing.
+//!
+//! The table is bounded: a producer whose mark was last raised `idle_ms_max` ago is forgotten
+//! (on `tick`, by the caller's clock), and a new producer beyond `producers_max` forgets the
+//! least recently raised one (`by_seen`, O(log n)). Forgetting writes no record: the old
+//! records simply stop being live, so compaction does not re-log them; replay may bring a
+//! forgotten producer back from records still in the log, and the same rules applied after
+//! replay (the next tick; eviction during replay) forget it again. "Seen" means "raised the
+//! mark": a producer that only resends duplicates is not refreshed, which keeps the in-memory
+//! time equal to the logged one and forgetting deterministic across restarts.
+//!
+//! Fencing is volatile and lives here too: the connection that most recently CONNECTed with
+//! `haven-producer: P` owns P; an older session that claimed P may no longer use it.
+
+use crate::record::ProducerMark;
+use crate::types::ConnId;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Longest `haven-producer` id, in bytes: ids are kept in memory and in every record.
+pub const PRODUCER_ID_BYTES_MAX: usize = 128;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Producer {
+    /// Highest sequence accepted; every `seq <= hwm` is a duplicate.
+    hwm: u64,
+    /// When `hwm` was last raised (ms since the epoch): the key of idle forgetting.
+    seen_ms: u64,
+    /// What the log says, if any record carries this producer.
+    durable: Option<Durable>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Durable {
+    seq: u64,
+    seen_ms: u64,
+    /// The record that describes it: a live object until superseded or forgotten.
+    lsn: u64,
+}
+
+/// Counters for the operator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProducerStats {
+    /// Producers remembered now.
+    pub producers: usize,
+    /// SENDs and COMMITs answered as duplicates since start.
+    pub duplicates_dropped_total: u64,
+    /// Producers forgotten since start, idle or evicted by `producers_max`.
+    pub forgotten_total: u64,
+}
+
+/// A durable mark that stopped being live: the caller removes `(lsn, producer)` from its live
+/// set.
+pub(crate) type Released = Vec<(u64, String)>;
+
+#[derive(Debug)]
+pub(crate) struct Producers {
+    entries: HashMap<String, Producer>,
+    /// (seen_ms, id) of every entry: oldest first, for forgetting.
+    by_seen: BTreeSet<(u64, String)>,
+    /// Producer id → the connection that most recently claimed it at CONNECT.
+    owners: HashMap<String, ConnId>,
+    idle_ms_max: u64,
+    producers_max: usize,
+    duplicates_dropped_total: u64,
+    forgotten_total: u64,
+}
+
+impl Producers {
+    pub fn new(idle_ms_max: u64, producers_max: usize) -> Producers {
+        assert!(
+            idle_ms_max >= 1 && producers_max >= 1,
+            "producer limits must be at least 1"
+        );
+        Producers {
+            entries: HashMap::new(),
+            by_seen: BTreeSet::new(),
+            owners: HashMap::new(),
+            idle_ms_max,
+            producers_max,
+            duplicates_dropped_total: 0,
+            forgotten_total: 0,
+        }
+    }
+
+    /// The high-water mark of `id`; 0 if unknown (sequences start at 1).
+    pub fn hwm(&self, id: &str) -> u64 {
+        self.entries.get(id).map_or(0, |p| p.hwm)
+    }
+
+    pub fn is_duplicate(&self, id: &str, seq: u64) -> bool {
+        assert!(seq >= 1, "haven-seq 0 is refused at the edge");
+        seq <= self.hwm(id)
+    }
+
+    pub fn count_duplicate(&mut self) {
+        self.duplicates_dropped_total += 1;
+    }
+
+    /// A SEND or COMMIT with `(id, seq)` was accepted at `now_ms`; `lsn` is the record that
+    /// carries the mark, or None if nothing was logged (the mark is in memory only).
+    pub fn accept(&mut self, id: &str, seq: u64, now_ms: u64, lsn: Option<u64>) -> Released {
+        assert!(!self.is_duplicate(id, seq), "duplicate accepted");
+        let mut released = Vec::new();
+        let old = self.entries.get(id).cloned();
+        let durable = match lsn {
+            Some(lsn) => Some(Durable {
+                seq,
+                seen_ms: now_ms,
+                lsn,
+            }),
+            None => old.as_ref().and_then(|p| p.durable),
+        };
+        if let (Some(lsn), Some(Durable { lsn: old_lsn, .. })) =
+            (lsn, old.as_ref().and_then(|p| p.durable))
+        {
+            assert!(old_lsn < lsn, "producer mark logged out of order");
+            released.push((old_lsn, id.to_string()));
+        }
+        self.put(
+            id,
+            Producer {
+                hwm: seq,
+                seen_ms: now_ms,
+                durable,
+            },
+            &mut released,
+        );
+        released
+    }
+
+    /// Replay: the record at `lsn` says the producer's mark is exactly `mark` (the newest
+    /// record wins; live handling only ever logs a higher mark, or a first one after the
+    /// producer was forgotten).
+    pub fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> Released {
+        let mut released = Vec::new();
+        if let Some(d) = self.entries.get(&mark.producer).and_then(|p| p.durable) {
+            released.push((d.lsn, mark.producer.clone()));
+        }
+        let producer = Producer {
+            hwm: mark.seq,
+            seen_ms: mark.seen_ms,
+            durable: Some(Durable {
+                seq: mark.seq,
+                seen_ms: mark.seen_ms,
+                lsn,
+            }),
+        };
+        self.put(&mark.producer, producer, &mut released);
+        released
+    }
+
+    /// Compaction: the durable mark of `id`, to be re-logged. None if only in memory.
+    pub fn durable_mark(&self, id: &str) -> Option<ProducerMark> {
+        let d = self.entries.get(id)?.durable?;
+        Some(ProducerMark {
+            producer: id.to_string(),
+            seq: d.seq,
+            seen_ms: d.seen_ms,
+        })
+    }
+
+    /// Compaction re-logged the durable mark of `id` at `lsn`; returns the old LSN.
+    pub fn relogged(&mut self, id: &str, lsn: u64) -> u64 {
+        let d = self
+            .entries
+            .get_mut(id)
+            .and_then(|p| p.durable.as_mut())
+            .expect("re-logged producer has a durable mark");
+        assert!(d.lsn < lsn, "re-logged below its own record");
+        std::mem::replace(&mut d.lsn, lsn)
+    }
+
+    /// Forgets every producer whose mark was last raised `idle_ms_max` or more ago.
+    pub fn forget_idle(&mut self, now_ms: u64) -> Released {
+        let mut released = Vec::new();
+        while let Some((seen_ms, id)) = self.by_seen.first().cloned() {
+            if seen_ms.saturating_add(self.idle_ms_max) > now_ms {
+                break;
+            }
+            self.forget(&id, &mut released);
+        }
+        released
+    }
+
+    fn put(&mut self, id: &str, producer: Producer, released: &mut Released) {
+        match self.entries.get(id) {
+            Some(old) => {
+                let found = self.by_seen.remove(&(old.seen_ms, id.to_string()));
+                assert!(found, "producer {id} missing from the idle index");
+            }
+            None => {
+                // A new producer: make room first, so it is never its own victim.
+                while self.entries.len() >= self.producers_max {
+                    let (_, victim) = self.by_seen.first().cloned().expect("table not empty");
+                    self.forget(&victim, released);
+                }
+            }
+        }
+        self.by_seen.insert((producer.seen_ms, id.to_string()));
+        self.entries.insert(id.to_string(), producer);
+    }
+
+    fn forget(&mut self, id: &str, released: &mut Released) {
+        let p = self
+            .entries
+            .remove(id)
+            .expect("forgetting a known producer");
+        let found = self.by_seen.remove(&(p.seen_ms, id.to_string()));
+        assert!(found, "producer {id} missing from the idle index");
+        if let Some(d) = p.durable {
+            released.push((d.lsn, id.to_string()));
+        }
+        self.forgotten_total += 1;
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Fencing
+
+    /// `conn` CONNECTed with `haven-producer: id`: it owns `id` from now on.
+    pub fn claim(&mut self, id: &str, conn: ConnId) {
+        self.owners.insert(id.to_string(), conn);
+    }
+
+    /// `conn`, which claimed `id`, is gone.
+    pub fn release_claim(&mut self, id: &str, conn: ConnId) {
+        if self.owners.get(id) == Some(&conn) {
+            self.owners.remove(id);
+        }
+    }
+
+    /// Whether `conn` (which claimed `claimed` at CONNECT, if anything) may no longer use
+    /// producer `id`: it claimed it, and a newer connection claimed it since (or claimed it
+    /// and left: the old session's frames must still not slip in).
+    pub fn taken_over(&self, id: &str, conn: ConnId, claimed: Option<&str>) -> bool {
+        claimed == Some(id) && self.owners.get(id) != Some(&conn)
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Inspection
+
+    pub fn stats(&self) -> ProducerStats {
+        ProducerStats {
+            producers: self.entries.len(),
+            duplicates_dropped_total: self.duplicates_dropped_total,
+            forgotten_total: self.forgotten_total,
+        }
+    }
+
+    /// Producer → (seq, seen_ms) as the log has it: equal before a crash and after replay.
+    pub fn durable_marks(&self) -> BTreeMap<String, (u64, u64)> {
+        self.entries
+            .iter()
+            .filter_map(|(id, p)| p.durable.map(|d| (id.clone(), (d.seq, d.seen_ms))))
+            .collect()
+    }
+
+    /// Producers with a durable mark (each is one live object).
+    pub fn durable_count(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|p| p.durable.is_some())
+            .count()
+    }
+
+    /// The live object of each durable mark: (lsn, id), for the caller's cross-check.
+    pub fn durable_lsns(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.entries
+            .iter()
+            .filter_map(|(id, p)| p.durable.map(|d| (d.lsn, id.as_str())))
+    }
+
+    pub fn check_invariants(&self) {
+        assert_eq!(self.entries.len(), self.by_seen.len());
+        assert!(self.entries.len() <= self.producers_max);
+        for (id, p) in &self.entries {
+            assert!(self.by_seen.contains(&(p.seen_ms, id.clone())));
+            assert!(!id.is_empty() && id.len() <= PRODUCER_ID_BYTES_MAX);
+            if let Some(d) = p.durable {
+                assert!(d.seq <= p.hwm, "durable mark above the in-memory one");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_is_accepted_and_everything_up_to_the_mark_is_a_duplicate() {
+        let mut p = Producers::new(1_000, 10);
+        assert!(p.accept("a", 1, 5, Some(1)).is_empty());
+        assert_eq!(p.accept("a", 5, 6, Some(2)), vec![(1, "a".to_string())]);
+        assert!(p.is_duplicate("a", 1) && p.is_duplicate("a", 3) && p.is_duplicate("a", 5));
+        assert!(!p.is_duplicate("a", 6) && !p.is_duplicate("b", 1));
+        p.check_invariants();
+    }
+
+    #[test]
+    fn in_memory_marks_keep_the_durable_one() {
+        let mut p = Producers::new(1_000, 10);
+        p.accept("a", 2, 5, Some(7));
+        assert!(p.accept("a", 3, 6, None).is_empty());
+        assert_eq!(p.hwm("a"), 3);
+        assert_eq!(p.durable_marks()["a"], (2, 5));
+    }
+
+    #[test]
+    fn idle_producers_are_forgotten_oldest_first() {
+        let mut p = Producers::new(100, 10);
+        p.accept("a", 1, 0, Some(1));
+        p.accept("b", 1, 50, None);
+        assert_eq!(p.forget_idle(99), vec![]);
+        assert_eq!(p.forget_idle(100), vec![(1, "a".to_string())]);
+        assert_eq!(p.hwm("a"), 0);
+        assert_eq!(p.forget_idle(150), vec![]);
+        assert_eq!(p.stats().producers, 0);
+        assert_eq!(p.stats().forgotten_total, 2);
+    }
+
+    #[test]
+    fn a_new_producer_beyond_the_limit_evicts_the_least_recently_seen() {
+        let mut p = Producers::new(1_000, 2);
+        p.accept("a", 1, 10, Some(1));
+        p.accept("b", 1, 5, Some(2));
+        p.accept("a", 2, 20, Some(3));
+        let released = p.accept("c", 1, 30, Some(4));
+        assert_eq!(released, vec![(2, "b".to_string())]);
+        assert_eq!((p.hwm("a"), p.hwm("b"), p.hwm("c")), (2, 0, 1));
+        p.check_invariants();
+    }
+
+    #[test]
+    fn only_the_newest_claim_owns_a_producer() {
+        let mut p = Producers::new(1_000, 2);
+        p.claim("a", 1);
+        p.claim("a", 2);
+        assert!(p.taken_over("a", 1, Some("a")));
+        assert!(!p.taken_over("a", 2, Some("a")));
+        // A connection that never claimed it just deduplicates.
+        assert!(!p.taken_over("a", 3, None) && !p.taken_over("a", 3, Some("b")));
+        p.release_claim("a", 1); // not the owner: no effect
+        assert!(!p.taken_over("a", 2, Some("a")));
+        p.release_claim("a", 2);
+        assert!(
+            p.taken_over("a", 1, Some("a")),
+            "the old session stays fenced"
+        );
+    }
+}
