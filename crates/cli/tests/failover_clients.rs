@@ -101,6 +101,36 @@ fn spawn_producer(
     })
 }
 
+/// Pipelined producer task `p`: sends ids `q<p>-<n>` without waiting for receipts (the
+/// client keeps up to `unconfirmed_sends_max` in flight, so a kill catches many), until `stop`.
+/// Outcomes are known only when `disconnect` confirms everything; the ids are returned.
+fn spawn_pipelined_producer(
+    client: Client,
+    p: usize,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let id = format!("q{p}-{n}");
+            history.attempted(&id);
+            client
+                .send(QUEUE, &[], id.clone())
+                .await
+                .expect("pipelined send");
+            ids.push(id);
+            if n % 64 == 0 {
+                // Leave the core some room: this test is about failover, not throughput.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        ids
+    })
+}
+
 /// The consumer: records every delivery and acks it, until `stop` and quiet.
 fn spawn_consumer(
     client: Client,
@@ -121,29 +151,31 @@ fn spawn_consumer(
     })
 }
 
-/// Reads until `stop` is set and either nothing arrived for `DRAIN_QUIET_MS` with nothing
-/// missing, or `DRAIN_MISSING_WAIT_MS` passed without a message.
+/// Reads until `stop` is set and then either nothing is missing and nothing arrived for
+/// `DRAIN_QUIET_MS`, or nothing arrived for `DRAIN_MISSING_WAIT_MS` (the rest is lost).
 async fn drain(
     client: &Client,
     sub: &mut haven_client::Subscription,
     history: &History,
     stop: &AtomicBool,
 ) {
+    let mut last = tokio::time::Instant::now();
     loop {
-        let wait_ms = if history.missing() > 0 {
-            DRAIN_MISSING_WAIT_MS
-        } else {
-            DRAIN_QUIET_MS
-        };
-        match tokio::time::timeout(Duration::from_millis(wait_ms), sub.next()).await {
+        match tokio::time::timeout(Duration::from_millis(DRAIN_QUIET_MS), sub.next()).await {
             Ok(Some(msg)) => {
+                last = tokio::time::Instant::now();
                 let id = String::from_utf8_lossy(&msg.body).into_owned();
                 history.delivered(&id, msg.redelivered);
                 client.ack(&msg).await.expect("ack");
                 history.acked(&id);
             }
-            Ok(None) => panic!("subscription ended: {:?}", client.broker()),
-            Err(_) if stop.load(Ordering::Relaxed) => return,
+            Ok(None) => panic!("subscription ended: {:?}", client.close_reason()),
+            Err(_) if stop.load(Ordering::Relaxed) => {
+                let silent = last.elapsed() >= Duration::from_millis(DRAIN_MISSING_WAIT_MS);
+                if history.missing() == 0 || silent {
+                    return;
+                }
+            }
             Err(_) => {}
         }
     }
@@ -265,7 +297,6 @@ async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs the broker-side producer sequence (being merged)"]
 async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
     const KILLS: usize = 5;
     let seed = seed();
@@ -297,6 +328,11 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
             )
         })
         .collect();
+    let pipelined: Vec<_> = (0..2)
+        .map(|p| {
+            spawn_pipelined_producer(producer.clone(), p, history.clone(), stop_producers.clone())
+        })
+        .collect();
     for _ in 0..KILLS {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
         let broker = broker.clone();
@@ -314,14 +350,31 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
     for p in producers {
         p.await.expect("producer task");
     }
+    let mut pipelined_ids = Vec::new();
+    for p in pipelined {
+        pipelined_ids.extend(p.await.expect("pipelined producer task"));
+    }
     assert_eq!(
         producer.reconnects(),
         KILLS as u64,
         "one reconnect per kill"
     );
-    producer.disconnect().await.expect("producer disconnect");
+    let stats = producer.stats();
+    producer
+        .disconnect()
+        .await
+        .expect("every pipelined SEND is confirmed before disconnect returns");
+    for id in &pipelined_ids {
+        history.outcome(id, SendOutcome::Receipted);
+    }
+    eprintln!("producer client: {stats:?}");
+    assert!(
+        stats.sends_resent > 0,
+        "no kill caught a SEND in flight: {stats:?}"
+    );
     stop_consumer.store(true, Ordering::Relaxed);
     let consumer = consumer_task.await.expect("consumer task");
+    eprintln!("consumer client: {:?}", consumer.stats());
     consumer.disconnect().await.expect("consumer disconnect");
 
     let report = history.check(Duplicates::Forbidden, true);
