@@ -122,7 +122,7 @@ fn spawn_pipelined_producer(
                 .await
                 .expect("pipelined send");
             ids.push(id);
-            if n % 64 == 0 {
+            if n.is_multiple_of(64) {
                 // Leave the core some room: this test is about failover, not throughput.
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
