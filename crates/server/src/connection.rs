@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     /// The cluster settings in force (`config.cluster` is only what the broker started with).
     pub cluster: ClusterHandle,
     pub core: mpsc::Sender<CoreMsg>,
+    /// Announced as `haven-store` in CONNECTED (see `store_id.rs`).
+    pub store_id: String,
 }
 
 /// Bytes buffered for the socket beyond which the writer flushes mid-batch.
@@ -248,6 +250,7 @@ async fn handshake(
     if version > Version::V1_0 {
         connected.push_header("heart-beat", format!("{sx},{sy}"));
     }
+    connected.push_header("haven-store", shared.store_id.as_str());
     if producer.is_some() {
         connected.push_header("haven-seq", producer_hwm.to_string());
     }

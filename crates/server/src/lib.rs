@@ -9,6 +9,7 @@ mod core;
 mod error;
 mod loader;
 mod lock;
+mod store_id;
 
 pub use cluster::{ClusterChange, ClusterError, ClusterHandle};
 pub use config::{ClusterConfig, Config};
@@ -139,6 +140,7 @@ impl Server {
             reason: e.to_string(),
         })?;
         let lock = lock::DirLock::acquire(&dir)?;
+        let store_id = store_id::load_or_create(&dir)?;
         let boot_id = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -199,6 +201,7 @@ impl Server {
             cluster: cluster.clone(),
             config,
             core: core_tx,
+            store_id,
         });
         let open = Arc::new(AtomicUsize::new(0));
         let accept = tokio::spawn(accept_loop(

@@ -241,3 +241,31 @@ async fn connections_over_the_limit_are_refused_with_an_error() {
     }
     broker.stop().await;
 }
+
+/// `haven-store` names the data directory's store: the same across restarts, different for
+/// another directory (failover clients key their duplicate filter by it).
+#[tokio::test(flavor = "multi_thread")]
+async fn connected_names_the_store_and_it_survives_a_restart() {
+    let mut a = common::Broker::start().await;
+    let b = common::Broker::start().await;
+    async fn store(addr: std::net::SocketAddr) -> Option<String> {
+        let conn = haven_client::Connection::connect(
+            &addr.to_string(),
+            haven_client::ConnectOptions::default(),
+        )
+        .await
+        .expect("connects");
+        let id = conn.connected_header("haven-store").map(str::to_string);
+        conn.disconnect().await.expect("disconnects");
+        id
+    }
+    let before = store(a.addr()).await.expect("haven-store");
+    assert_eq!(before.len(), 32);
+    a.restart().await;
+    let after = store(a.addr()).await;
+    assert_eq!(after.as_deref(), Some(before.as_str()));
+    let other = store(b.addr()).await;
+    assert_ne!(other.as_deref(), Some(before.as_str()));
+    a.stop().await;
+    b.stop().await;
+}
