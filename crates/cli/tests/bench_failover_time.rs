@@ -1,0 +1,93 @@
+//! Benchmark (ignored by `cargo test`; run it on purpose): how long a failover client is
+//! without a broker when the one it uses dies.
+//!
+//! ```sh
+//! cargo test --release -p haven-cli --test bench_failover_time -- --ignored --nocapture
+//! ```
+//!
+//! Two standalone brokers on loopback; a client on `failover:(a,b)` with default options
+//! (except `randomize=false`, so the first connection is deterministic) sends persistent
+//! messages one RECEIPT at a time. Each trial kills the broker in use with `kill -9` and
+//! measures from the kill to the first RECEIPT from the other broker; the killed broker is
+//! restarted before the next trial. Prints each trial and the median, as a figure for
+//! BENCHMARKS.md, not a pass/fail bound.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use haven_client::{Client, ConnectOptions};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess};
+
+const TRIALS: usize = 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+async fn failover_time_kill9_to_first_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut brokers: Vec<BrokerProcess> = (0..2)
+        .map(|i| {
+            BrokerProcess::start(BrokerOpts::new(
+                env!("CARGO_BIN_EXE_haven"),
+                dir.path().join(format!("b{i}")),
+                free_addr(),
+            ))
+            .expect("broker starts")
+        })
+        .collect();
+    let urls: Vec<String> = brokers
+        .iter()
+        .map(|b| format!("tcp://{}", b.addr()))
+        .collect();
+    let uri = format!("failover:({})?randomize=false", urls.join(","));
+    let client = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .unwrap();
+    let last_receipt = Arc::new(Mutex::new(Instant::now()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (client, last_receipt, stop) = (client.clone(), last_receipt.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                client
+                    .send_receipted("/queue/failover-time", &[], vec![b'x'; 1024])
+                    .await
+                    .expect("send");
+                *last_receipt.lock().unwrap() = Instant::now();
+            }
+        })
+    };
+    let mut trials_ms = Vec::new();
+    for trial in 1..=TRIALS {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let current = client.broker().expect("connected");
+        let index = urls.iter().position(|u| *u == current).unwrap();
+        let killed_at = Instant::now();
+        brokers[index].kill9().unwrap();
+        loop {
+            let last = *last_receipt.lock().unwrap();
+            if last > killed_at && client.broker().as_deref() != Some(current.as_str()) {
+                let ms = (last - killed_at).as_secs_f64() * 1000.0;
+                eprintln!("trial {trial}: {current} killed, first RECEIPT from the other after {ms:.1} ms");
+                trials_ms.push(ms);
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        let b = &mut brokers[index];
+        tokio::task::block_in_place(|| b.restart().expect("restart"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    producer.await.unwrap();
+    client.disconnect().await.unwrap();
+    trials_ms.sort_by(f64::total_cmp);
+    eprintln!(
+        "failover kill -9 -> first RECEIPT over {TRIALS} trials: p50 {:.1} ms, min {:.1} ms, max {:.1} ms",
+        trials_ms[TRIALS / 2],
+        trials_ms[0],
+        trials_ms[TRIALS - 1]
+    );
+    for b in &mut brokers {
+        b.stop().unwrap();
+    }
+}
