@@ -173,11 +173,89 @@ async fn drain(
             Err(_) if stop.load(Ordering::Relaxed) => {
                 let silent = last.elapsed() >= Duration::from_millis(DRAIN_MISSING_WAIT_MS);
                 if history.missing() == 0 || silent {
+                    if silent {
+                        eprintln!(
+                            "drain gave up: {} missing; consumer on {:?}, {:?}, subscription {}",
+                            history.missing(),
+                            client.broker(),
+                            client.stats(),
+                            sub.id()
+                        );
+                    }
                     return;
                 }
             }
             Err(_) => {}
         }
+    }
+}
+
+/// A producer client with `PRODUCERS` receipted producer tasks and a consumer client with its
+/// consumer task, all recording into one history.
+struct Traffic {
+    producer: Client,
+    consumer: Client,
+    history: Arc<History>,
+    receipts: Arc<AtomicU64>,
+    stop_producers: Arc<AtomicBool>,
+    stop_consumer: Arc<AtomicBool>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+    consumer_task: tokio::task::JoinHandle<Client>,
+}
+
+impl Traffic {
+    async fn start(uri: &str) -> Traffic {
+        let history = Arc::new(History::new());
+        let receipts = Arc::new(AtomicU64::new(0));
+        let stop_producers = Arc::new(AtomicBool::new(false));
+        let stop_consumer = Arc::new(AtomicBool::new(false));
+        let producer = Client::connect(uri, ConnectOptions::default())
+            .await
+            .expect("producer connects");
+        let consumer = Client::connect(uri, ConnectOptions::default())
+            .await
+            .expect("consumer connects");
+        let consumer_task =
+            spawn_consumer(consumer.clone(), history.clone(), stop_consumer.clone());
+        let producers = (0..PRODUCERS)
+            .map(|p| {
+                spawn_producer(
+                    producer.clone(),
+                    p,
+                    history.clone(),
+                    receipts.clone(),
+                    stop_producers.clone(),
+                )
+            })
+            .collect();
+        Traffic {
+            producer,
+            consumer,
+            history,
+            receipts,
+            stop_producers,
+            stop_consumer,
+            producers,
+            consumer_task,
+        }
+    }
+
+    /// Waits for progress after the last fault (liveness), then stops the producer tasks.
+    async fn stop_producers(&mut self) {
+        let before = self.receipts.load(Ordering::Relaxed);
+        wait_progress(&self.receipts, before, HEALING_RECEIPTS_MIN).await;
+        self.stop_producers.store(true, Ordering::Relaxed);
+        for p in self.producers.drain(..) {
+            p.await.expect("producer task");
+        }
+    }
+
+    /// Lets the consumer drain what is owed, then disconnects it.
+    async fn finish_consumer(self) {
+        self.stop_consumer.store(true, Ordering::Relaxed);
+        let consumer = self.consumer_task.await.expect("consumer task");
+        eprintln!("consumer client: {:?}", consumer.stats());
+        consumer.disconnect().await.expect("consumer disconnect");
     }
 }
 
@@ -208,30 +286,9 @@ async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
     let urls: Vec<String> = brokers.iter().map(url_of).collect();
     let brokers = Arc::new(Mutex::new(brokers));
     let uri = quick_failover(&urls);
-    let history = Arc::new(History::new());
-    let receipts = Arc::new(AtomicU64::new(0));
-    let stop_producers = Arc::new(AtomicBool::new(false));
-    let stop_consumer = Arc::new(AtomicBool::new(false));
-
-    let producer = Client::connect(&uri, ConnectOptions::default())
-        .await
-        .expect("producer connects");
+    let mut t = Traffic::start(&uri).await;
+    let (producer, consumer, history) = (t.producer.clone(), t.consumer.clone(), t.history.clone());
     let mut events = producer.events();
-    let consumer = Client::connect(&uri, ConnectOptions::default())
-        .await
-        .expect("consumer connects");
-    let consumer_task = spawn_consumer(consumer.clone(), history.clone(), stop_consumer.clone());
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|p| {
-            spawn_producer(
-                producer.clone(),
-                p,
-                history.clone(),
-                receipts.clone(),
-                stop_producers.clone(),
-            )
-        })
-        .collect();
 
     for kill in 0..KILLS {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
@@ -255,12 +312,7 @@ async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
         })
         .await;
     }
-    let before = receipts.load(Ordering::Relaxed);
-    wait_progress(&receipts, before, HEALING_RECEIPTS_MIN).await;
-    stop_producers.store(true, Ordering::Relaxed);
-    for p in producers {
-        p.await.expect("producer task");
-    }
+    t.stop_producers().await;
     assert!(producer.reconnects() >= 1, "the producer never failed over");
     producer.disconnect().await.expect("producer disconnect");
     let mut saw_interrupted = false;
@@ -269,9 +321,7 @@ async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
     }
     assert!(saw_interrupted, "no Interrupted event was published");
 
-    stop_consumer.store(true, Ordering::Relaxed);
-    let consumer = consumer_task.await.expect("consumer task");
-    consumer.disconnect().await.expect("consumer disconnect");
+    t.finish_consumer().await;
 
     // Messages stored on brokers the consumer was not on at the end wait there: drain each.
     for url in &urls {
@@ -305,32 +355,16 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
     let broker = start_brokers(dir.path(), 1).pop().unwrap();
     let uri = quick_failover(&[url_of(&broker)]);
     let broker = Arc::new(Mutex::new(broker));
-    let history = Arc::new(History::new());
-    let receipts = Arc::new(AtomicU64::new(0));
-    let stop_producers = Arc::new(AtomicBool::new(false));
-    let stop_consumer = Arc::new(AtomicBool::new(false));
-
-    let producer = Client::connect(&uri, ConnectOptions::default())
-        .await
-        .expect("producer connects");
-    let consumer = Client::connect(&uri, ConnectOptions::default())
-        .await
-        .expect("consumer connects");
-    let consumer_task = spawn_consumer(consumer.clone(), history.clone(), stop_consumer.clone());
-    let producers: Vec<_> = (0..PRODUCERS)
+    let mut t = Traffic::start(&uri).await;
+    let (producer, history) = (t.producer.clone(), t.history.clone());
+    let pipelined: Vec<_> = (0..2)
         .map(|p| {
-            spawn_producer(
+            spawn_pipelined_producer(
                 producer.clone(),
                 p,
                 history.clone(),
-                receipts.clone(),
-                stop_producers.clone(),
+                t.stop_producers.clone(),
             )
-        })
-        .collect();
-    let pipelined: Vec<_> = (0..2)
-        .map(|p| {
-            spawn_pipelined_producer(producer.clone(), p, history.clone(), stop_producers.clone())
         })
         .collect();
     for _ in 0..KILLS {
@@ -344,12 +378,7 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
         })
         .await;
     }
-    let before = receipts.load(Ordering::Relaxed);
-    wait_progress(&receipts, before, HEALING_RECEIPTS_MIN).await;
-    stop_producers.store(true, Ordering::Relaxed);
-    for p in producers {
-        p.await.expect("producer task");
-    }
+    t.stop_producers().await;
     let mut pipelined_ids = Vec::new();
     for p in pipelined {
         pipelined_ids.extend(p.await.expect("pipelined producer task"));
@@ -372,13 +401,13 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
         stats.sends_resent > 0,
         "no kill caught a SEND in flight: {stats:?}"
     );
-    stop_consumer.store(true, Ordering::Relaxed);
-    let consumer = consumer_task.await.expect("consumer task");
-    eprintln!("consumer client: {:?}", consumer.stats());
-    consumer.disconnect().await.expect("consumer disconnect");
+    t.finish_consumer().await;
 
     let report = history.check(Duplicates::Forbidden, true);
     eprintln!("one broker, {KILLS} kills: {report}");
+    if !report.is_ok() {
+        eprintln!("broker log tail:\n{}", broker.lock().await.log_tail());
+    }
     assert!(report.receipted > 0, "{report}");
     assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
     assert!(report.is_ok(), "seed {seed}: {report}");

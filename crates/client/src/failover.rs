@@ -120,6 +120,9 @@ struct State {
     /// Store id per connection generation (for duplicate-filter keys).
     stores: VecDeque<(u64, Arc<str>)>,
     stats: ClientStats,
+    /// The connection being restored: it delivers messages (and must take their ACKs) before
+    /// it becomes the published `Link::Up`.
+    restoring: Option<(u64, Connection, String)>,
 }
 
 /// Counters of a client's life, for tools and monitoring ([`Client::stats`]).
@@ -217,6 +220,7 @@ impl Client {
                 txs: HashMap::new(),
                 stores: VecDeque::new(),
                 stats: ClientStats::default(),
+                restoring: None,
             }),
             window: Arc::new(Semaphore::new(opts.unconfirmed_sends_max.max(1))),
             uri,
@@ -314,11 +318,8 @@ impl Client {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Result<()> {
-        let frame = send_frame(destination, headers, body.into());
-        if let Some(tx) = frame.header("transaction").map(str::to_string) {
-            return self.send_in_transaction(&tx, frame).await;
-        }
-        self.track(frame, false).await
+        self.send_with(send_frame(destination, headers, body.into()), false)
+            .await
     }
 
     /// Sends and waits until a broker has the message (on Haven, a persistent one is on
@@ -331,11 +332,15 @@ impl Client {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Result<()> {
-        let frame = send_frame(destination, headers, body.into());
-        if let Some(tx) = frame.header("transaction").map(str::to_string) {
-            return self.send_in_transaction(&tx, frame).await;
+        self.send_with(send_frame(destination, headers, body.into()), true)
+            .await
+    }
+
+    async fn send_with(&self, frame: Frame, wait: bool) -> Result<()> {
+        match frame.header("transaction").map(str::to_string) {
+            Some(tx) => self.send_in_transaction(&tx, frame).await,
+            None => self.track(frame, wait).await,
         }
-        self.track(frame, true).await
     }
 
     async fn track(&self, frame: Frame, wait: bool) -> Result<()> {
@@ -749,12 +754,20 @@ impl Inner {
 
     /// The connection of `generation` if it is still the current one.
     fn connection_of(&self, generation: u64) -> Option<(Connection, String)> {
-        match &*self.link.borrow() {
-            Link::Up {
-                generation: g,
-                conn,
-                broker,
-            } if *g == generation && !conn.is_closed() => Some((conn.clone(), broker.clone())),
+        if let Link::Up {
+            generation: g,
+            conn,
+            broker,
+        } = &*self.link.borrow()
+        {
+            if *g == generation && !conn.is_closed() {
+                return Some((conn.clone(), broker.clone()));
+            }
+        }
+        match &self.lock().restoring {
+            Some((g, conn, broker)) if *g == generation && !conn.is_closed() => {
+                Some((conn.clone(), broker.clone()))
+            }
             _ => None,
         }
     }
@@ -1199,6 +1212,21 @@ async fn restore(
     broker: &str,
 ) -> Result<(usize, usize)> {
     let _order = inner.order.lock().await;
+    // Messages for the restored subscriptions arrive before the RECEIPTs this waits for; the
+    // application must be able to ack them on this connection already.
+    inner.lock().restoring = Some((generation, conn.clone(), broker.to_string()));
+    let restored = restore_locked(inner, conn, generation, broker).await;
+    inner.lock().restoring = None;
+    restored
+}
+
+/// `restore` with the `order` lock held.
+async fn restore_locked(
+    inner: &Arc<Inner>,
+    conn: &Connection,
+    generation: u64,
+    broker: &str,
+) -> Result<(usize, usize)> {
     let store: Arc<str> = Arc::from(conn.connected_header("haven-store").unwrap_or(broker));
     let hwm: Option<u64> = conn
         .connected_header("haven-seq")

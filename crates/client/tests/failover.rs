@@ -564,3 +564,35 @@ async fn a_plain_tcp_uri_does_not_reconnect() {
     }
     assert!(client.send("/queue/a", &[], "x").await.is_err());
 }
+
+/// A broker dispatches to a restored subscription before it answers the SUBSCRIBE's RECEIPT:
+/// the application's ACK of such a message must go out on the new connection (if it were
+/// dropped, the broker's prefetch window would fill with messages it never hears about).
+#[tokio::test]
+async fn a_message_delivered_during_the_restore_can_be_acked() {
+    let server = FakeServer::bind().await;
+    let (client, mut peer) = connect(&server, &uri(&[&server], ""), &[]).await;
+    let sub_task = {
+        let c = client.clone();
+        tokio::spawn(async move {
+            c.subscribe("/queue/a", AckMode::ClientIndividual, &[("id", "s1")])
+                .await
+        })
+    };
+    peer.expect_receipted(Command::Subscribe).await;
+    let mut sub = sub_task.await.unwrap().unwrap();
+    drop(peer);
+    let mut peer = server.accept().await;
+    handshake(&mut peer, &[]).await;
+    let subscribe = peer.expect(Command::Subscribe).await;
+    peer.send(message("s1", "m1", "early")).await;
+    let m = tokio::time::timeout(Duration::from_millis(STEP_MS), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    client.ack(&m).await.unwrap();
+    let ack = peer.expect(Command::Ack).await;
+    assert_eq!(ack.header("id"), Some("ack-m1"));
+    peer.receipt(&subscribe).await;
+    wait_until("restored", || client.reconnects() == 1).await;
+}
