@@ -180,9 +180,8 @@ impl EventLog {
         }
     }
 
-    /// Starts a log for a freshly connected client. `Client::events` only reports what
-    /// happens after the call, and `connect` has already emitted `Connected`, so the first
-    /// broker is read from the client instead.
+    /// Starts a log for a freshly connected client. The first broker is read from the client
+    /// too, in case another clone already took the receiver that sees `Connected`.
     pub fn start(client: &Client) -> (EventLog, broadcast::Receiver<ConnectionEvent>) {
         let events = client.events();
         let mut log = EventLog::default();

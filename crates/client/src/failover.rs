@@ -159,6 +159,9 @@ struct Inner {
     order: tokio::sync::Mutex<()>,
     link: watch::Sender<Link>,
     events: broadcast::Sender<ConnectionEvent>,
+    /// Subscribed before the first connection, handed to the first `events()` call so that it
+    /// sees `Connected` too.
+    first_events: Mutex<Option<broadcast::Receiver<ConnectionEvent>>>,
     window: Arc<Semaphore>,
     receipts: mpsc::UnboundedSender<String>,
     cluster: mpsc::Sender<Message>,
@@ -210,6 +213,7 @@ impl Client {
         });
         let (receipts_tx, receipts_rx) = mpsc::unbounded_channel();
         let (cluster_tx, cluster_rx) = mpsc::channel(16);
+        let (events_tx, first_events) = broadcast::channel(EVENTS_BUFFERED_MAX);
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
                 brokers: uri.brokers.clone(),
@@ -228,7 +232,8 @@ impl Client {
             producer_id,
             order: tokio::sync::Mutex::new(()),
             link: watch::channel(Link::Connecting).0,
-            events: broadcast::channel(EVENTS_BUFFERED_MAX).0,
+            events: events_tx,
+            first_events: Mutex::new(Some(first_events)),
             receipts: receipts_tx,
             cluster: cluster_tx,
             stop: watch::channel(false).0,
@@ -255,12 +260,18 @@ impl Client {
         &self.inner.producer_id
     }
 
-    /// Connection events from now on. The first connection is made before `connect`
-    /// returns, so its `Connected` event is only seen by listeners of another clone; read
-    /// [`Client::broker`] instead. A listener that falls more than 256 events behind misses the
-    /// oldest (`RecvError::Lagged`).
+    /// Connection events. The first call's receiver starts at the very beginning, so it sees
+    /// the first `Connected` (made before `connect` returned); later calls see events from then
+    /// on. A listener that falls more than 256 events behind misses the oldest
+    /// (`RecvError::Lagged`).
     pub fn events(&self) -> broadcast::Receiver<ConnectionEvent> {
-        self.inner.events.subscribe()
+        let first = self
+            .inner
+            .first_events
+            .lock()
+            .expect("events poisoned")
+            .take();
+        first.unwrap_or_else(|| self.inner.events.subscribe())
     }
 
     /// The broker currently connected, if any.

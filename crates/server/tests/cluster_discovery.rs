@@ -268,7 +268,10 @@ async fn the_failover_client_merges_announced_members_into_its_list() {
         .unwrap();
     loop {
         match tokio::time::timeout(WAIT, events.recv()).await {
-            Ok(Ok(haven_client::ConnectionEvent::ClusterUpdated { brokers })) => {
+            // The first listener also sees the update CONNECTED made; wait for C.
+            Ok(Ok(haven_client::ConnectionEvent::ClusterUpdated { brokers }))
+                if brokers.contains(&C.to_string()) =>
+            {
                 assert_eq!(brokers, vec![own.clone(), B.to_string(), C.to_string()]);
                 break;
             }
