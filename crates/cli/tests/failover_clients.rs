@@ -36,6 +36,9 @@ const HEALING_RECEIPTS_MIN: u64 = 50;
 const HEALING_WAIT_MS: u64 = 30_000;
 /// A drain ends when nothing arrived for this long.
 const DRAIN_QUIET_MS: u64 = 1_500;
+/// A drain of one of several brokers (the missing ids may wait on another) ends after this
+/// long without a message.
+const DRAIN_BROKER_QUIET_MS: u64 = 3_000;
 /// Bound on a drain while receipted ids are still missing.
 const DRAIN_MISSING_WAIT_MS: u64 = 20_000;
 
@@ -146,18 +149,20 @@ fn spawn_consumer(
             )
             .await
             .expect("subscribe");
-        drain(&client, &mut sub, &history, &stop).await;
+        drain(&client, &mut sub, &history, &stop, DRAIN_MISSING_WAIT_MS).await;
         client
     })
 }
 
 /// Reads until `stop` is set and then either nothing is missing and nothing arrived for
-/// `DRAIN_QUIET_MS`, or nothing arrived for `DRAIN_MISSING_WAIT_MS` (the rest is lost).
+/// `DRAIN_QUIET_MS`, or nothing arrived for `give_up_ms` (what is missing is elsewhere, or
+/// lost).
 async fn drain(
     client: &Client,
     sub: &mut haven_client::Subscription,
     history: &History,
     stop: &AtomicBool,
+    give_up_ms: u64,
 ) {
     let mut last = tokio::time::Instant::now();
     loop {
@@ -171,9 +176,9 @@ async fn drain(
             }
             Ok(None) => panic!("subscription ended: {:?}", client.close_reason()),
             Err(_) if stop.load(Ordering::Relaxed) => {
-                let silent = last.elapsed() >= Duration::from_millis(DRAIN_MISSING_WAIT_MS);
+                let silent = last.elapsed() >= Duration::from_millis(give_up_ms);
                 if history.missing() == 0 || silent {
-                    if silent {
+                    if silent && give_up_ms == DRAIN_MISSING_WAIT_MS {
                         eprintln!(
                             "drain gave up: {} missing; consumer on {:?}, {:?}, subscription {}",
                             history.missing(),
@@ -332,7 +337,14 @@ async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
             .subscribe(QUEUE, AckMode::ClientIndividual, &[])
             .await
             .expect("drain subscribes");
-        drain(&client, &mut sub, &history, &AtomicBool::new(true)).await;
+        drain(
+            &client,
+            &mut sub,
+            &history,
+            &AtomicBool::new(true),
+            DRAIN_BROKER_QUIET_MS,
+        )
+        .await;
         client.disconnect().await.expect("drain disconnect");
     }
 
@@ -412,4 +424,84 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
     assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
     assert!(report.is_ok(), "seed {seed}: {report}");
     broker.lock().await.stop().expect("broker stops");
+}
+
+/// A paused broker (SIGSTOP: a hung process or a machine that stopped answering) keeps its
+/// sockets open, so only heart-beats reveal it: the client must move to another broker and
+/// carry on, and nothing it had receipted is lost once the paused broker resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_broker_is_left_through_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    // The broker offers heart-beats every 500 ms (default 10 s), so silence is noticed in
+    // about a second instead of twenty.
+    let mut brokers: Vec<BrokerProcess> = (0..2)
+        .map(|i| {
+            let mut opts = BrokerOpts::new(
+                env!("CARGO_BIN_EXE_haven"),
+                dir.path().join(format!("broker-{i}")),
+                free_addr(),
+            );
+            opts.config_toml =
+                Some("[stomp]\nheartbeat_send_ms = 500\nheartbeat_receive_ms = 500\n".into());
+            BrokerProcess::start(opts).expect("broker starts")
+        })
+        .collect();
+    let urls: Vec<String> = brokers.iter().map(url_of).collect();
+    let uri = quick_failover(&urls);
+    let opts = ConnectOptions {
+        heartbeat_ms: (500, 500),
+        ..ConnectOptions::default()
+    };
+    let client = Client::connect(&uri, opts).await.expect("connects");
+    let history = Arc::new(History::new());
+    let receipts = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = spawn_producer(
+        client.clone(),
+        0,
+        history.clone(),
+        receipts.clone(),
+        stop.clone(),
+    );
+    wait_progress(&receipts, 0, HEALING_RECEIPTS_MIN).await;
+    let paused = client.broker().expect("connected");
+    let index = urls.iter().position(|u| *u == paused).unwrap();
+    brokers[index].sigstop().expect("SIGSTOP");
+    // Progress now can only come from the other broker, once heart-beats gave up on this one.
+    let before = receipts.load(Ordering::Relaxed);
+    wait_progress(&receipts, before + 1, HEALING_RECEIPTS_MIN).await;
+    assert_ne!(
+        client.broker(),
+        Some(paused.clone()),
+        "still on the paused broker"
+    );
+    stop.store(true, Ordering::Relaxed);
+    producer.await.expect("producer task");
+    client.disconnect().await.expect("disconnect");
+    brokers[index].sigcont().expect("SIGCONT");
+
+    for url in &urls {
+        let drainer = Client::connect(url, ConnectOptions::default())
+            .await
+            .expect("drain connects");
+        let mut sub = drainer
+            .subscribe(QUEUE, AckMode::ClientIndividual, &[])
+            .await
+            .expect("drain subscribes");
+        drain(
+            &drainer,
+            &mut sub,
+            &history,
+            &AtomicBool::new(true),
+            DRAIN_BROKER_QUIET_MS,
+        )
+        .await;
+        drainer.disconnect().await.expect("drain disconnect");
+    }
+    let report = history.check(Duplicates::Counted, false);
+    eprintln!("paused broker: {report}");
+    assert!(report.is_ok(), "{report}");
+    for b in &mut brokers {
+        b.stop().expect("broker stops");
+    }
 }
