@@ -319,10 +319,16 @@ impl Engine {
                         self.check_record_size(&[(&destination, &message)], 0)?;
                         match table {
                             Some(table) => {
+                                // A non-persistent schedule's mark lives in memory only, like
+                                // a non-persistent SEND's.
                                 let persistent = message.persistent;
-                                self.schedule(destination, message, table)?;
+                                let mark = producer
+                                    .as_ref()
+                                    .filter(|_| persistent)
+                                    .map(|p| self.mark(p));
+                                let lsn = self.schedule(destination, message, table, mark)?;
                                 if let Some(p) = producer {
-                                    self.scheduled_with_producer(p, persistent);
+                                    self.accept_producer(&p, persistent.then_some(lsn));
                                 }
                             }
                             None => self.send(conn, destination, message, producer),
@@ -483,19 +489,6 @@ impl Engine {
             seq: p.seq,
             seen_ms: self.now_ms,
         }
-    }
-
-    /// A scheduled SEND with a producer: its `Schedule` record has no room for the mark, so a
-    /// `ProducerState` record follows it. Not atomic with it: a crash that keeps the first and
-    /// loses the second (the torn tail of one write) lets a resend schedule it twice.
-    fn scheduled_with_producer(&mut self, p: ProducerSeq, persistent: bool) {
-        if !persistent {
-            return self.accept_producer(&p, None);
-        }
-        let lsn = self.log(Record::ProducerState {
-            mark: self.mark(&p),
-        });
-        self.accept_producer(&p, Some(lsn));
     }
 
     /// Dispatches what became possible and logs the removes gathered during the call.
@@ -2091,7 +2084,16 @@ impl Engine {
             Record::DeclareQueue { name } => self.apply_declare_queue(name, lsn),
             // Non-persistent messages do not survive a restart.
             Record::Spill { message } => self.next_seq = self.next_seq.max(message.seq + 1),
-            Record::Schedule { message, state } => self.replay_schedule(message, state, lsn),
+            Record::Schedule {
+                message,
+                state,
+                producer,
+            } => {
+                self.replay_schedule(message, state, lsn);
+                if let Some(mark) = producer {
+                    self.replay_producer(&mark, lsn);
+                }
+            }
             Record::Fire {
                 schedule,
                 message,

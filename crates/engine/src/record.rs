@@ -62,10 +62,12 @@ pub enum Record {
     Schedule {
         message: Arc<Message>,
         state: ScheduleState,
+        /// The SEND's `haven-producer`/`haven-seq` (tag 15), so that the schedule and the
+        /// producer's mark are durable together. Never set on a compaction re-log.
+        producer: Option<ProducerMark>,
     },
     /// A producer's high-water mark, re-logged by compaction so that it outlives the records
-    /// of the messages that set it (or written after a scheduled SEND, whose own record has no
-    /// room for it). Replay: the producer's mark is exactly this (the newest record wins).
+    /// of the messages that set it. Replay: the producer's mark is exactly this (the newest record wins).
     ProducerState {
         mark: ProducerMark,
     },
@@ -122,6 +124,7 @@ const TAG_DECLARE_QUEUE: u8 = 11;
 const TAG_STORE_PRODUCED: u8 = 12;
 const TAG_COMMIT_PRODUCED: u8 = 13;
 const TAG_PRODUCER_STATE: u8 = 14;
+const TAG_SCHEDULE_PRODUCED: u8 = 15;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("undecodable log record at byte {offset}: {reason}")]
@@ -228,10 +231,21 @@ impl Record {
                 out.push(TAG_SPILL);
                 put_any_message(out, message);
             }
-            Record::Schedule { message, state } => {
-                out.push(TAG_SCHEDULE);
+            Record::Schedule {
+                message,
+                state,
+                producer,
+            } => {
+                out.push(if producer.is_some() {
+                    TAG_SCHEDULE_PRODUCED
+                } else {
+                    TAG_SCHEDULE
+                });
                 put_any_message(out, message);
                 put_schedule(out, state);
+                if let Some(mark) = producer {
+                    put_mark(out, mark);
+                }
             }
             Record::Fire {
                 schedule,
@@ -357,9 +371,13 @@ impl Record {
             TAG_SPILL => Record::Spill {
                 message: Arc::new(r.any_message()?),
             },
-            TAG_SCHEDULE => Record::Schedule {
+            tag @ (TAG_SCHEDULE | TAG_SCHEDULE_PRODUCED) => Record::Schedule {
                 message: Arc::new(r.any_message()?),
                 state: r.schedule()?,
+                producer: match tag {
+                    TAG_SCHEDULE_PRODUCED => Some(r.mark()?),
+                    _ => None,
+                },
             },
             TAG_FIRE => Record::Fire {
                 schedule: r.u64()?,
@@ -635,7 +653,8 @@ mod tests {
                 Record::Checkpoint { next_seq: seq },
                 Record::Spill { message: m.clone() },
                 Record::DeclareQueue { name: "Consumer.a.VirtualTopic.t".into() },
-                Record::Schedule { message: m.clone(), state: ScheduleState { due_ms: seq, repeats_left: -1, anchor_ms: 7 } },
+                Record::Schedule { message: m.clone(), state: ScheduleState { due_ms: seq, repeats_left: -1, anchor_ms: 7 }, producer: None },
+                Record::Schedule { message: m.clone(), state: ScheduleState { due_ms: 1, repeats_left: 0, anchor_ms: 0 }, producer: Some(mark.clone()) },
                 Record::Fire { schedule: seq, message: m.clone(), holders: vec![QueueKey::Queue("b".into())], next: None },
                 Record::Fire { schedule: 1, message: m, holders: Vec::new(), next: Some(ScheduleState { due_ms: 5, repeats_left: 3, anchor_ms: 0 }) },
             ];

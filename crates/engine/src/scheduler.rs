@@ -22,6 +22,7 @@ use crate::live::LiveObject;
 use crate::message::Message;
 use crate::record::{Record, ScheduleState};
 use crate::types::Destination;
+use crate::ProducerMark;
 use std::sync::Arc;
 
 pub(super) const HEADER_DELAY: &str = "AMQ_SCHEDULED_DELAY";
@@ -154,21 +155,25 @@ impl Timetable {
 }
 
 impl Engine {
-    /// A SEND with a timetable: held by the scheduler (logged) instead of routed.
+    /// A SEND with a timetable: held by the scheduler (logged) instead of routed. `producer`
+    /// goes into the same record, so the schedule and the producer's mark are durable
+    /// together. Returns the record's LSN.
     pub(super) fn schedule(
         &mut self,
         destination: Destination,
         message: NewMessage,
         table: Timetable,
-    ) -> Result<(), EngineError> {
+        producer: Option<ProducerMark>,
+    ) -> Result<u64, EngineError> {
         self.check_schedulable(&destination, &table, 1)?;
         let (msg, state) = self.new_schedule(destination, message, &table);
         let lsn = self.log(Record::Schedule {
             message: msg.clone(),
             state,
+            producer,
         });
         self.apply_schedule(msg, state, lsn);
-        Ok(())
+        Ok(lsn)
     }
 
     /// Refuses a schedule that can never be held: to a temporary destination, a cron that never
@@ -314,6 +319,7 @@ impl Engine {
         let lsn = self.log(Record::Schedule {
             message: msg.clone(),
             state,
+            producer: None,
         });
         self.apply_schedule(msg, state, lsn);
     }

@@ -252,3 +252,61 @@ fn an_older_session_of_a_producer_is_refused() {
     send(&mut h, 3, "c", true, seq("p", 3)).unwrap();
     assert_eq!(stored(&h), 3);
 }
+
+/// A scheduled SEND's producer mark is in the schedule's own record (one record, tag 15), so a
+/// crash cannot keep the schedule and lose the mark: a resend after recovery is a duplicate.
+#[test]
+fn a_scheduled_send_and_its_mark_are_one_record() {
+    let mut h = Harness::new(EngineConfig::default());
+    h.connect(1, None);
+    let log_len = h.log.len();
+    h.cmd(Command::Send {
+        conn: 1,
+        destination: Destination::Queue("q".into()),
+        message: NewMessage {
+            headers: vec![("AMQ_SCHEDULED_DELAY".into(), "60000".into())],
+            body: Bytes::from_static(b"later"),
+            persistent: true,
+            priority: 4,
+            expires_ms: 0,
+        },
+        transaction: None,
+        receipt: Some("r-later".into()),
+        producer: seq("p", 7),
+    })
+    .unwrap();
+    assert_eq!(h.log.len(), log_len + 1, "schedule and mark in one record");
+    let (_, bytes) = h.log.last().unwrap();
+    match Record::decode(bytes).unwrap() {
+        Record::Schedule { producer, .. } => {
+            assert_eq!(producer.map(|m| (m.producer, m.seq)), Some(("p".into(), 7)))
+        }
+        other => panic!("expected a Schedule record, got {other:?}"),
+    }
+    h.crash_and_recover();
+    assert_eq!(h.engine.producer_hwm("p"), 7);
+    assert_eq!(h.engine.scheduled_count(), 1);
+    h.connect(2, None);
+    let effects = h
+        .cmd(Command::Send {
+            conn: 2,
+            destination: Destination::Queue("q".into()),
+            message: NewMessage {
+                headers: vec![("AMQ_SCHEDULED_DELAY".into(), "60000".into())],
+                body: Bytes::from_static(b"later"),
+                persistent: true,
+                priority: 4,
+                expires_ms: 0,
+            },
+            transaction: None,
+            receipt: Some("r-again".into()),
+            producer: seq("p", 7),
+        })
+        .unwrap();
+    assert_eq!(receipts(&effects), ["r-again"]);
+    assert_eq!(
+        h.engine.scheduled_count(),
+        1,
+        "the resend is not scheduled again"
+    );
+}
