@@ -47,6 +47,8 @@ const TRACKED_RECEIPT_PREFIX: &str = "hv-";
 const PRIORITY_RETRY_MS: u64 = 1_000;
 /// Generations whose store id is remembered (messages older than this cannot be acked anyway).
 const GENERATIONS_REMEMBERED_MAX: usize = 64;
+/// Transactions of lost connections remembered (to report them rolled back on next use).
+const DEAD_TRANSACTIONS_REMEMBERED_MAX: usize = 1024;
 /// Events buffered for a slow event listener before it misses some (it is told how many).
 const EVENTS_BUFFERED_MAX: usize = 256;
 
@@ -1283,7 +1285,11 @@ async fn restore_locked(
             }
         }
         // Transactions of earlier connections were rolled back by their broker; they stay in
-        // `txs` so that their next use reports that (`transaction_connection`).
+        // `txs` so that their next use reports that (`transaction_connection`), unless an
+        // application abandons so many that remembering them would grow without bound.
+        if st.txs.len() > DEAD_TRANSACTIONS_REMEMBERED_MAX {
+            st.txs.clear();
+        }
         subs = st.subs.values().cloned().collect();
     }
     let confirmed_count = confirmed.len();
