@@ -165,6 +165,8 @@ struct Inner {
     /// sees `Connected` too.
     first_events: Mutex<Option<broadcast::Receiver<ConnectionEvent>>>,
     window: Arc<Semaphore>,
+    /// Notified whenever the pending table becomes empty (`disconnect` waits on it).
+    drained: tokio::sync::Notify,
     receipts: mpsc::UnboundedSender<String>,
     cluster: mpsc::Sender<Message>,
     stop: watch::Sender<bool>,
@@ -229,6 +231,7 @@ impl Client {
                 restoring: None,
             }),
             window: Arc::new(Semaphore::new(opts.unconfirmed_sends_max.max(1))),
+            drained: tokio::sync::Notify::new(),
             uri,
             opts,
             producer_id,
@@ -681,9 +684,17 @@ impl Client {
     pub async fn disconnect(&self) -> Result<()> {
         let wait_ms = self.inner.opts.connect_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(wait_ms);
-        while self.unconfirmed_sends() > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let _ = tokio::time::timeout_at(deadline, async {
+            loop {
+                // Registered before the check, so a settle in between is not missed.
+                let drained = self.inner.drained.notified();
+                if self.unconfirmed_sends() == 0 {
+                    return;
+                }
+                drained.await;
+            }
+        })
+        .await;
         let _order = self.inner.order.lock().await;
         self.inner.stop.send_replace(true);
         let previous = self
@@ -916,6 +927,9 @@ impl Inner {
                         if withdrawn.is_some() {
                             st.stats.sends_abandoned += 1;
                         }
+                        if st.pending.is_empty() {
+                            self.drained.notify_waiters();
+                        }
                         withdrawn
                     };
                     return match withdrawn {
@@ -947,6 +961,9 @@ impl Inner {
                     Err(ClientError::Server { .. }) => st.stats.sends_refused += 1,
                     Err(_) => st.stats.sends_abandoned += 1,
                 }
+            }
+            if st.pending.is_empty() {
+                self.drained.notify_waiters();
             }
             pending
         };
