@@ -458,11 +458,16 @@ impl Client {
                     }
                 }
             };
+            let receipt_id = receipt.id().to_string();
             return match receipt.await {
                 Ok(()) => Ok(tracker.subscription(rx)),
-                Err(ClientError::Server { .. }) if !self.inner.lock().subs.contains_key(&id) => {
-                    // The supervisor removed it: the broker refused this SUBSCRIBE.
-                    Err(conn.close_reason().unwrap_or(ClientError::Closed))
+                // A waiter fails with the connection's close reason: an ERROR naming this
+                // SUBSCRIBE's receipt means the broker refused it. It is not restored
+                // anywhere (the supervisor drops it too, see `on_lost`).
+                Err(e @ ClientError::Server { .. }) if matches!(&e, ClientError::Server { receipt_id: Some(r), .. } if *r == receipt_id) =>
+                {
+                    self.inner.lock().subs.remove(&id);
+                    Err(e)
                 }
                 Err(_) => {
                     self.subscribed_after_restore(tracker, rx, generation, deadline)

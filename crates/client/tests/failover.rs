@@ -608,3 +608,35 @@ async fn a_message_delivered_during_the_restore_can_be_acked() {
     peer.receipt(&subscribe).await;
     wait_until("restored", || client.reconnects() == 1).await;
 }
+
+/// A SUBSCRIBE the broker refuses (ERROR naming its receipt) fails `subscribe` with the
+/// broker's message and is not made again on the next connection.
+#[tokio::test]
+async fn a_refused_subscribe_fails_and_is_not_restored() {
+    let server = FakeServer::bind().await;
+    let (client, mut peer) = connect(&server, &uri(&[&server], ""), &[]).await;
+    let sub_task = {
+        let c = client.clone();
+        tokio::spawn(async move {
+            c.subscribe("/queue/a", AckMode::Auto, &[("selector", "bad ((")])
+                .await
+        })
+    };
+    let f = peer.expect(Command::Subscribe).await;
+    peer.send(
+        Frame::new(Command::Error)
+            .with_header("message", "bad selector")
+            .with_header("receipt-id", f.header("receipt").unwrap()),
+    )
+    .await;
+    drop(peer);
+    match sub_task.await.unwrap() {
+        Err(ClientError::Server { message, .. }) => assert_eq!(message, "bad selector"),
+        other => panic!("expected the broker's refusal, got {other:?}"),
+    }
+    let mut peer = server.accept().await;
+    handshake(&mut peer, &[]).await;
+    client.send("/queue/a", &[], "x").await.unwrap();
+    let next = peer.expect(Command::Send).await;
+    assert_eq!(&next.body[..], b"x", "no SUBSCRIBE was restored before it");
+}
