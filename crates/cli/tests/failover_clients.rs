@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haven_client::{AckMode, Client, ClientError, ConnectOptions};
-use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates, History, SendOutcome};
+use haven_testkit::{
+    free_addr, BrokerOpts, BrokerProcess, Duplicates, Fault, History, Proxy, SendOutcome,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 
@@ -426,33 +428,112 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
     broker.lock().await.stop().expect("broker stops");
 }
 
-/// A paused broker (SIGSTOP: a hung process or a machine that stopped answering) keeps its
-/// sockets open, so only heart-beats reveal it: the client must move to another broker and
-/// carry on, and nothing it had receipted is lost once the paused broker resumes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_paused_broker_is_left_through_heartbeats() {
-    let dir = tempfile::tempdir().unwrap();
-    // The broker offers heart-beats every 500 ms (default 10 s), so silence is noticed in
-    // about a second instead of twenty.
-    let mut brokers: Vec<BrokerProcess> = (0..2)
+/// Brokers that offer heart-beats every 500 ms (default 10 s), so silence is noticed in about
+/// a second instead of twenty.
+fn start_brokers_with_heartbeats(dir: &std::path::Path, n: usize) -> Vec<BrokerProcess> {
+    (0..n)
         .map(|i| {
             let mut opts = BrokerOpts::new(
                 env!("CARGO_BIN_EXE_haven"),
-                dir.path().join(format!("broker-{i}")),
+                dir.join(format!("broker-{i}")),
                 free_addr(),
             );
             opts.config_toml =
                 Some("[stomp]\nheartbeat_send_ms = 500\nheartbeat_receive_ms = 500\n".into());
             BrokerProcess::start(opts).expect("broker starts")
         })
-        .collect();
-    let urls: Vec<String> = brokers.iter().map(url_of).collect();
-    let uri = quick_failover(&urls);
-    let opts = ConnectOptions {
+        .collect()
+}
+
+fn heartbeat_options() -> ConnectOptions {
+    ConnectOptions {
         heartbeat_ms: (500, 500),
         ..ConnectOptions::default()
-    };
-    let client = Client::connect(&uri, opts).await.expect("connects");
+    }
+}
+
+/// Drains `QUEUE` on each of `urls` with a plain client into `history`.
+async fn drain_each(urls: &[String], history: &History) {
+    for url in urls {
+        let drainer = Client::connect(url, ConnectOptions::default())
+            .await
+            .expect("drain connects");
+        let mut sub = drainer
+            .subscribe(QUEUE, AckMode::ClientIndividual, &[])
+            .await
+            .expect("drain subscribes");
+        drain(
+            &drainer,
+            &mut sub,
+            history,
+            &AtomicBool::new(true),
+            DRAIN_BROKER_QUIET_MS,
+        )
+        .await;
+        drainer.disconnect().await.expect("drain disconnect");
+    }
+}
+
+/// A link that silently drops everything (a fault-injecting proxy between the client and
+/// its broker, black-holed): only heart-beats reveal it. The client moves to the other broker
+/// and carries on; once the link heals, both brokers together hold every receipted message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_black_holed_link_is_left_through_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut brokers = start_brokers_with_heartbeats(dir.path(), 2);
+    let proxy = Proxy::start(brokers[0].addr()).expect("proxy starts");
+    let via_proxy = format!("tcp://{}", proxy.addr());
+    let uri = quick_failover(&[via_proxy.clone(), url_of(&brokers[1])]);
+    let client = Client::connect(&uri, heartbeat_options())
+        .await
+        .expect("connects");
+    assert_eq!(client.broker(), Some(via_proxy.clone()));
+    let history = Arc::new(History::new());
+    let receipts = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = spawn_producer(
+        client.clone(),
+        0,
+        history.clone(),
+        receipts.clone(),
+        stop.clone(),
+    );
+    wait_progress(&receipts, 0, HEALING_RECEIPTS_MIN).await;
+    proxy.set(Fault::BlackHole);
+    let before = receipts.load(Ordering::Relaxed);
+    wait_progress(&receipts, before + 1, HEALING_RECEIPTS_MIN).await;
+    assert_eq!(
+        client.broker(),
+        Some(url_of(&brokers[1])),
+        "moved off the silent link"
+    );
+    stop.store(true, Ordering::Relaxed);
+    producer.await.expect("producer task");
+    client.disconnect().await.expect("disconnect");
+    proxy.set(Fault::Pass);
+
+    let urls: Vec<String> = brokers.iter().map(url_of).collect();
+    drain_each(&urls, &history).await;
+    let report = history.check(Duplicates::Counted, false);
+    eprintln!("black-holed link: {report}; proxy {:?}", proxy.stats());
+    assert!(report.is_ok(), "{report}");
+    for b in &mut brokers {
+        b.stop().expect("broker stops");
+    }
+}
+
+/// A paused broker (SIGSTOP: a hung process or a machine that stopped answering) keeps its
+/// sockets open, so only heart-beats reveal it: the client must move to another broker and
+/// carry on, and nothing it had receipted is lost once the paused broker resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_broker_is_left_through_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut brokers = start_brokers_with_heartbeats(dir.path(), 2);
+    let urls: Vec<String> = brokers.iter().map(url_of).collect();
+    let uri = quick_failover(&urls);
+    let client = Client::connect(&uri, heartbeat_options())
+        .await
+        .expect("connects");
     let history = Arc::new(History::new());
     let receipts = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -479,25 +560,7 @@ async fn a_paused_broker_is_left_through_heartbeats() {
     producer.await.expect("producer task");
     client.disconnect().await.expect("disconnect");
     brokers[index].sigcont().expect("SIGCONT");
-
-    for url in &urls {
-        let drainer = Client::connect(url, ConnectOptions::default())
-            .await
-            .expect("drain connects");
-        let mut sub = drainer
-            .subscribe(QUEUE, AckMode::ClientIndividual, &[])
-            .await
-            .expect("drain subscribes");
-        drain(
-            &drainer,
-            &mut sub,
-            &history,
-            &AtomicBool::new(true),
-            DRAIN_BROKER_QUIET_MS,
-        )
-        .await;
-        drainer.disconnect().await.expect("drain disconnect");
-    }
+    drain_each(&urls, &history).await;
     let report = history.check(Duplicates::Counted, false);
     eprintln!("paused broker: {report}");
     assert!(report.is_ok(), "{report}");

@@ -3,17 +3,19 @@
 //! The API is synchronous (std::process, std::net) so it works the same from a plain `#[test]`
 //! and from a tokio test body (which runs on its own thread under `block_on`). Every process a
 //! test starts is owned by a [`BrokerProcess`] and killed when it is dropped, so a failing test
-//! never leaves a broker behind. [`History`] is the no-loss / no-duplicate checker; a
-//! fault-injecting proxy comes later.
+//! never leaves a broker behind. [`History`] is the no-loss / no-duplicate checker, and
+//! [`Proxy`] a fault-injecting TCP proxy (delay, black hole, reset) to put between processes.
 
 mod broker;
 mod checker;
 mod error;
 mod net;
 mod proc_status;
+mod proxy;
 
 pub use broker::{BrokerOpts, BrokerProcess, READY_TIMEOUT_MS, STOP_TIMEOUT_MS};
 pub use checker::{Duplicates, History, Report, SendOutcome};
 pub use error::TestkitError;
 pub use net::{free_addr, free_port, stomp_connect_probe};
 pub use proc_status::{rss_bytes, rss_peak_bytes};
+pub use proxy::{Fault, Proxy, ProxyStats};
