@@ -568,3 +568,56 @@ async fn a_paused_broker_is_left_through_heartbeats() {
         b.stop().expect("broker stops");
     }
 }
+
+/// A scenario written as data (`haven_testkit::Step`): the link to broker 0 goes silent, heals,
+/// then broker 1 is killed and restarted, all under a producer and a consumer on one failover
+/// URI. Nothing receipted is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timed_fault_scenario_loses_nothing() {
+    use haven_testkit::{run_scenario, Action, Step};
+    let dir = tempfile::tempdir().unwrap();
+    let brokers = start_brokers_with_heartbeats(dir.path(), 2);
+    let proxies = vec![Proxy::start(brokers[0].addr()).expect("proxy starts")];
+    let uri = quick_failover(&[format!("tcp://{}", proxies[0].addr()), url_of(&brokers[1])]);
+    let urls: Vec<String> = brokers.iter().map(url_of).collect();
+    let history = Arc::new(History::new());
+    let receipts = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = Client::connect(&uri, heartbeat_options())
+        .await
+        .expect("connects");
+    let producer = spawn_producer(
+        client.clone(),
+        0,
+        history.clone(),
+        receipts.clone(),
+        stop.clone(),
+    );
+    let steps = [
+        Step::at(300, Action::Proxy(0, Fault::BlackHole)),
+        Step::at(2_500, Action::Proxy(0, Fault::Pass)),
+        Step::at(3_000, Action::Kill9(1)),
+        Step::at(3_300, Action::Restart(1)),
+    ];
+    let (brokers, proxies, ran) = tokio::task::spawn_blocking(move || {
+        let mut brokers = brokers;
+        let ran = run_scenario(&steps, &mut brokers, &proxies).expect("scenario runs");
+        (brokers, proxies, ran)
+    })
+    .await
+    .expect("scenario thread");
+    eprintln!("scenario ran: {:?}", ran.steps);
+    let before = receipts.load(Ordering::Relaxed);
+    wait_progress(&receipts, before, HEALING_RECEIPTS_MIN).await;
+    stop.store(true, Ordering::Relaxed);
+    producer.await.expect("producer task");
+    client.disconnect().await.expect("disconnect");
+    drain_each(&urls, &history).await;
+    let report = history.check(Duplicates::Counted, false);
+    eprintln!("timed scenario: {report}; proxy {:?}", proxies[0].stats());
+    assert!(report.is_ok(), "{report}");
+    let mut brokers = brokers;
+    for b in &mut brokers {
+        b.stop().expect("broker stops");
+    }
+}

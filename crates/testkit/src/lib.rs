@@ -12,6 +12,7 @@ mod error;
 mod net;
 mod proc_status;
 mod proxy;
+mod scenario;
 
 pub use broker::{BrokerOpts, BrokerProcess, READY_TIMEOUT_MS, STOP_TIMEOUT_MS};
 pub use checker::{Duplicates, History, Report, SendOutcome};
@@ -19,3 +20,4 @@ pub use error::TestkitError;
 pub use net::{free_addr, free_port, stomp_connect_probe};
 pub use proc_status::{rss_bytes, rss_peak_bytes};
 pub use proxy::{Fault, Proxy, ProxyStats};
+pub use scenario::{run as run_scenario, Action, Ran, Step};
