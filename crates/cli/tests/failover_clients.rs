@@ -452,6 +452,51 @@ fn heartbeat_options() -> ConnectOptions {
     }
 }
 
+/// One receipted producer task on a client, for the heart-beat and scenario tests.
+struct OneProducer {
+    client: Client,
+    history: Arc<History>,
+    receipts: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OneProducer {
+    fn start(client: Client) -> OneProducer {
+        let history = Arc::new(History::new());
+        let receipts = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = spawn_producer(
+            client.clone(),
+            0,
+            history.clone(),
+            receipts.clone(),
+            stop.clone(),
+        );
+        OneProducer {
+            client,
+            history,
+            receipts,
+            stop,
+            task,
+        }
+    }
+
+    /// Waits until more than `HEALING_RECEIPTS_MIN` SENDs are receipted from now on.
+    async fn progress(&self) {
+        let before = self.receipts.load(Ordering::Relaxed);
+        wait_progress(&self.receipts, before + 1, HEALING_RECEIPTS_MIN).await;
+    }
+
+    /// Stops the task, disconnects the client and returns the history.
+    async fn finish(self) -> Arc<History> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("producer task");
+        self.client.disconnect().await.expect("disconnect");
+        self.history
+    }
+}
+
 /// Drains `QUEUE` on each of `urls` with a plain client into `history`.
 async fn drain_each(urls: &[String], history: &History) {
     for url in urls {
@@ -488,28 +533,16 @@ async fn a_black_holed_link_is_left_through_heartbeats() {
         .await
         .expect("connects");
     assert_eq!(client.broker(), Some(via_proxy.clone()));
-    let history = Arc::new(History::new());
-    let receipts = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let producer = spawn_producer(
-        client.clone(),
-        0,
-        history.clone(),
-        receipts.clone(),
-        stop.clone(),
-    );
-    wait_progress(&receipts, 0, HEALING_RECEIPTS_MIN).await;
+    let producing = OneProducer::start(client.clone());
+    producing.progress().await;
     proxy.set(Fault::BlackHole);
-    let before = receipts.load(Ordering::Relaxed);
-    wait_progress(&receipts, before + 1, HEALING_RECEIPTS_MIN).await;
+    producing.progress().await;
     assert_eq!(
         client.broker(),
         Some(url_of(&brokers[1])),
         "moved off the silent link"
     );
-    stop.store(true, Ordering::Relaxed);
-    producer.await.expect("producer task");
-    client.disconnect().await.expect("disconnect");
+    let history = producing.finish().await;
     proxy.set(Fault::Pass);
 
     let urls: Vec<String> = brokers.iter().map(url_of).collect();
@@ -534,31 +567,19 @@ async fn a_paused_broker_is_left_through_heartbeats() {
     let client = Client::connect(&uri, heartbeat_options())
         .await
         .expect("connects");
-    let history = Arc::new(History::new());
-    let receipts = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let producer = spawn_producer(
-        client.clone(),
-        0,
-        history.clone(),
-        receipts.clone(),
-        stop.clone(),
-    );
-    wait_progress(&receipts, 0, HEALING_RECEIPTS_MIN).await;
+    let producing = OneProducer::start(client.clone());
+    producing.progress().await;
     let paused = client.broker().expect("connected");
     let index = urls.iter().position(|u| *u == paused).unwrap();
     brokers[index].sigstop().expect("SIGSTOP");
     // Progress now can only come from the other broker, once heart-beats gave up on this one.
-    let before = receipts.load(Ordering::Relaxed);
-    wait_progress(&receipts, before + 1, HEALING_RECEIPTS_MIN).await;
+    producing.progress().await;
     assert_ne!(
         client.broker(),
         Some(paused.clone()),
         "still on the paused broker"
     );
-    stop.store(true, Ordering::Relaxed);
-    producer.await.expect("producer task");
-    client.disconnect().await.expect("disconnect");
+    let history = producing.finish().await;
     brokers[index].sigcont().expect("SIGCONT");
     drain_each(&urls, &history).await;
     let report = history.check(Duplicates::Counted, false);
@@ -580,19 +601,10 @@ async fn a_timed_fault_scenario_loses_nothing() {
     let proxies = vec![Proxy::start(brokers[0].addr()).expect("proxy starts")];
     let uri = quick_failover(&[format!("tcp://{}", proxies[0].addr()), url_of(&brokers[1])]);
     let urls: Vec<String> = brokers.iter().map(url_of).collect();
-    let history = Arc::new(History::new());
-    let receipts = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
     let client = Client::connect(&uri, heartbeat_options())
         .await
         .expect("connects");
-    let producer = spawn_producer(
-        client.clone(),
-        0,
-        history.clone(),
-        receipts.clone(),
-        stop.clone(),
-    );
+    let producing = OneProducer::start(client.clone());
     let steps = [
         Step::at(300, Action::Proxy(0, Fault::BlackHole)),
         Step::at(2_500, Action::Proxy(0, Fault::Pass)),
@@ -607,11 +619,8 @@ async fn a_timed_fault_scenario_loses_nothing() {
     .await
     .expect("scenario thread");
     eprintln!("scenario ran: {:?}", ran.steps);
-    let before = receipts.load(Ordering::Relaxed);
-    wait_progress(&receipts, before, HEALING_RECEIPTS_MIN).await;
-    stop.store(true, Ordering::Relaxed);
-    producer.await.expect("producer task");
-    client.disconnect().await.expect("disconnect");
+    producing.progress().await;
+    let history = producing.finish().await;
     drain_each(&urls, &history).await;
     let report = history.check(Duplicates::Counted, false);
     eprintln!("timed scenario: {report}; proxy {:?}", proxies[0].stats());

@@ -438,11 +438,17 @@ impl Connection {
     }
 
     async fn enqueue(&self, frame: &Frame) -> Result<()> {
-        let bytes = encode(frame, self.inner.version)?;
+        let bytes = self.encode(frame)?;
         self.push(bytes).await
     }
 
-    async fn push(&self, bytes: Bytes) -> Result<()> {
+    /// `frame` in this connection's negotiated version.
+    pub(crate) fn encode(&self, frame: &Frame) -> Result<Bytes> {
+        encode(frame, self.inner.version)
+    }
+
+    /// Queues already encoded bytes (from [`Connection::encode`]).
+    pub(crate) async fn push(&self, bytes: Bytes) -> Result<()> {
         if let Some(reason) = self.inner.shared.close_reason() {
             return Err(reason);
         }

@@ -199,8 +199,6 @@ struct SubFilter {
     unacked: VecDeque<Key>,
     /// Receipt id of the last SUBSCRIBE sent for it (to know which ERROR refused it).
     receipt: String,
-    /// Redeliveries of acked messages dropped so far.
-    dropped: u64,
 }
 
 impl Client {
@@ -422,7 +420,6 @@ impl Client {
                 acked: DupWindow::new(self.inner.opts.dedup_window_messages.max(1)),
                 unacked: VecDeque::new(),
                 receipt: String::new(),
-                dropped: 0,
             }),
         });
         let deadline = self.inner.deadline();
@@ -899,11 +896,20 @@ impl Inner {
     /// Writes pending frame `seq` on `conn` (caller holds `order`). A write that fails is
     /// left for the restore on the next connection.
     async fn write_pending(&self, conn: &Connection, generation: u64, seq: u64) -> bool {
-        let frame = match self.lock().pending.get(&seq) {
-            Some(p) => p.frame.clone(),
+        // Encoded under the lock rather than cloning the frame (its headers) per SEND.
+        let bytes = match self.lock().pending.get(&seq) {
+            Some(p) => conn.encode(&p.frame),
             None => return true,
         };
-        if conn.enqueue_frame(&frame).await.is_err() {
+        let bytes = match bytes {
+            Ok(b) => b,
+            Err(e) => {
+                // No connection could carry it: fail it rather than retry it forever.
+                self.settle(seq, Err(e));
+                return true;
+            }
+        };
+        if conn.push(bytes).await.is_err() {
             return false;
         }
         if let Some(p) = self.lock().pending.get_mut(&seq) {
@@ -1098,8 +1104,6 @@ impl SubTracker {
         let duplicate = {
             let mut f = self.lock();
             if f.acked.contains(&key) {
-                f.dropped += 1;
-                client.lock().stats.duplicates_dropped += 1;
                 true
             } else {
                 match self.ack {
@@ -1118,6 +1122,9 @@ impl SubTracker {
             }
         };
         if duplicate {
+            // Counted after the filter lock is released: `on_lost` takes the state lock and
+            // then filter locks, so taking them the other way round here could deadlock.
+            client.lock().stats.duplicates_dropped += 1;
             tracing::debug!(
                 subscription = %self.id,
                 message_id = %msg.message_id,

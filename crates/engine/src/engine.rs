@@ -383,14 +383,7 @@ impl Engine {
                 }
                 if self.is_duplicate(conn, producer.as_ref())? {
                     // Committed before: this resend's contents are discarded.
-                    let tx = self
-                        .conns
-                        .get_mut(&conn)
-                        .expect("checked")
-                        .txs
-                        .remove(&transaction);
-                    let tx = tx.ok_or(EngineError::UnknownTransaction(transaction))?;
-                    self.rollback(conn, tx);
+                    self.abort(conn, transaction)?;
                 } else {
                     self.commit(conn, &transaction, producer)?;
                 }
@@ -401,14 +394,7 @@ impl Engine {
                 transaction,
                 receipt,
             } => {
-                let tx = self
-                    .conns
-                    .get_mut(&conn)
-                    .expect("checked")
-                    .txs
-                    .remove(&transaction);
-                let tx = tx.ok_or(EngineError::UnknownTransaction(transaction))?;
-                self.rollback(conn, tx);
+                self.abort(conn, transaction)?;
                 receipt
             }
             Command::Credit {
@@ -447,6 +433,19 @@ impl Engine {
     /// Exactly-once: whether a SEND or COMMIT with `producer` repeats one already accepted
     /// (and is counted as such), or an error if this session no longer owns the producer.
     /// Changes nothing but the counter; checked before anything else a duplicate could fail.
+    /// Rolls back and forgets `transaction` of `conn` (ABORT, or a COMMIT already applied).
+    fn abort(&mut self, conn: ConnId, transaction: String) -> Result<(), EngineError> {
+        let tx = self
+            .conns
+            .get_mut(&conn)
+            .expect("checked")
+            .txs
+            .remove(&transaction);
+        let tx = tx.ok_or(EngineError::UnknownTransaction(transaction))?;
+        self.rollback(conn, tx);
+        Ok(())
+    }
+
     fn is_duplicate(
         &mut self,
         conn: ConnId,

@@ -192,18 +192,22 @@ impl Producers {
     }
 
     fn put(&mut self, id: &str, producer: Producer, released: &mut Released) {
-        match self.entries.get(id) {
-            Some(old) => {
+        // The common case, a known producer sending again: update in place, and touch the
+        // idle index only when the time moved (many SENDs share a millisecond), so a SEND
+        // costs no allocation here.
+        if let Some(old) = self.entries.get_mut(id) {
+            if old.seen_ms != producer.seen_ms {
                 let found = self.by_seen.remove(&(old.seen_ms, id.to_string()));
                 assert!(found, "producer {id} missing from the idle index");
+                self.by_seen.insert((producer.seen_ms, id.to_string()));
             }
-            None => {
-                // A new producer: make room first, so it is never its own victim.
-                while self.entries.len() >= self.producers_max {
-                    let (_, victim) = self.by_seen.first().cloned().expect("table not empty");
-                    self.forget(&victim, released);
-                }
-            }
+            *old = producer;
+            return;
+        }
+        // A new producer: make room first, so it is never its own victim.
+        while self.entries.len() >= self.producers_max {
+            let (_, victim) = self.by_seen.first().cloned().expect("table not empty");
+            self.forget(&victim, released);
         }
         self.by_seen.insert((producer.seen_ms, id.to_string()));
         self.entries.insert(id.to_string(), producer);
