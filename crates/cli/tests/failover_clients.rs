@@ -397,10 +397,12 @@ async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
     for p in pipelined {
         pipelined_ids.extend(p.await.expect("pipelined producer task"));
     }
-    assert_eq!(
-        producer.reconnects(),
-        KILLS as u64,
-        "one reconnect per kill"
+    // A kill that lands while the client is still reconnecting from the previous one is
+    // absorbed by that reconnect, so under load there can be fewer reconnects than kills.
+    let reconnects = producer.reconnects();
+    assert!(
+        (1..=KILLS as u64).contains(&reconnects),
+        "{reconnects} reconnects for {KILLS} kills"
     );
     let stats = producer.stats();
     producer
