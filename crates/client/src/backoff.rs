@@ -109,8 +109,9 @@ where
             tracing::warn!(passes, error = %last_error, "still no broker reachable");
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(delay_ms)) => {}
+            biased;
             _ = stop.wait_for(|s| *s) => return Err(ClientError::Closed),
+            _ = tokio::time::sleep(Duration::from_millis(delay_ms)) => {}
         }
     }
 }

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::transport::{ReadHalf, WriteHalf};
 use bytes::{Bytes, BytesMut};
 use haven_stomp::{Command, Frame, Item, Limits, StompCodec, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio_util::codec::{Decoder, Encoder};
@@ -107,7 +107,7 @@ impl Connection {
     }
 
     fn start(est: Established, opts: &ConnectOptions, hooks: Hooks) -> Connection {
-        let (read_half, write_half) = est.stream.into_split();
+        let (read_half, write_half) = (est.read, est.write);
         let shared = Arc::new(Shared::new(hooks));
         let (tx, rx) = mpsc::channel(opts.write_queue_frames_max.max(1));
         let (send_ms, recv_ms) =
@@ -522,15 +522,15 @@ fn negotiate_heartbeat(offered: (u64, u64), version: Version, connected: &Frame)
 
 /// What a successful handshake leaves: the socket, bytes read past CONNECTED, the frame.
 struct Established {
-    stream: TcpStream,
+    read: ReadHalf,
+    write: WriteHalf,
     buffered: BytesMut,
     connected: Frame,
     version: Version,
 }
 
 async fn handshake(authority: &str, host: &str, opts: &ConnectOptions) -> Result<Established> {
-    let mut stream = TcpStream::connect(authority).await?;
-    stream.set_nodelay(true)?;
+    let (mut read, mut write) = opts.dialer.dial(authority).await?;
 
     let mut connect = Frame::new(Command::Connect)
         .with_header("accept-version", opts.accept_version.as_str())
@@ -550,7 +550,7 @@ async fn handshake(authority: &str, host: &str, opts: &ConnectOptions) -> Result
         connect = connect.with_header(k.as_str(), v.as_str());
     }
     // CONNECT headers are never escaped (STOMP 1.2 spec), so version 1.0 encoding is exact.
-    stream.write_all(&encode(&connect, Version::V1_0)?).await?;
+    write.write_all(&encode(&connect, Version::V1_0)?).await?;
 
     let mut codec = StompCodec::new(Limits::default());
     let mut buf = BytesMut::with_capacity(4096);
@@ -565,7 +565,7 @@ async fn handshake(authority: &str, host: &str, opts: &ConnectOptions) -> Result
                 )))
             }
         }
-        if stream.read_buf(&mut buf).await? == 0 {
+        if read.read_buf(&mut buf).await? == 0 {
             return Err(ClientError::Protocol(
                 "broker closed the connection before CONNECTED".into(),
             ));
@@ -584,7 +584,8 @@ async fn handshake(authority: &str, host: &str, opts: &ConnectOptions) -> Result
                 }
             };
             Ok(Established {
-                stream,
+                read,
+                write,
                 buffered: buf,
                 connected: frame,
                 version,

@@ -22,13 +22,15 @@
 //! during a restore so nothing interleaves with it) before `state` (std mutex, never held
 //! across an await).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use haven_stomp::{Command, Frame};
+use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use tokio::sync::{broadcast, mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -118,7 +120,7 @@ struct State {
     next_generation: u64,
     pending: BTreeMap<u64, Pending>,
     subs: BTreeMap<String, Arc<SubTracker>>,
-    txs: HashMap<String, Tx>,
+    txs: BTreeMap<String, Tx>,
     /// Store id per connection generation (for duplicate-filter keys).
     stores: VecDeque<(u64, Arc<str>)>,
     stats: ClientStats,
@@ -170,6 +172,8 @@ struct Inner {
     receipts: mpsc::UnboundedSender<String>,
     cluster: mpsc::Sender<Message>,
     stop: watch::Sender<bool>,
+    /// Every random choice (broker order, back-off jitter, ids): one seed replays them.
+    rng: Mutex<StdRng>,
 }
 
 /// A STOMP session over `tcp://` or `failover:(...)` that reconnects, restores its
@@ -206,13 +210,11 @@ impl Client {
     /// `startupMaxReconnectAttempts`) and starts the supervisor.
     pub async fn connect(uri: &str, opts: ConnectOptions) -> Result<Client> {
         let uri = parse_uri(uri)?;
-        let producer_id = opts.producer_id.clone().unwrap_or_else(|| {
-            format!(
-                "hv-{:016x}{:016x}",
-                rand::random::<u64>(),
-                rand::random::<u64>()
-            )
-        });
+        let mut rng = StdRng::seed_from_u64(opts.rng_seed.unwrap_or_else(rand::random));
+        let producer_id = opts
+            .producer_id
+            .clone()
+            .unwrap_or_else(|| format!("hv-{:016x}{:016x}", rng.gen::<u64>(), rng.gen::<u64>()));
         let (receipts_tx, receipts_rx) = mpsc::unbounded_channel();
         let (cluster_tx, cluster_rx) = mpsc::channel(16);
         let (events_tx, first_events) = broadcast::channel(EVENTS_BUFFERED_MAX);
@@ -223,7 +225,7 @@ impl Client {
                 next_generation: 1,
                 pending: BTreeMap::new(),
                 subs: BTreeMap::new(),
-                txs: HashMap::new(),
+                txs: BTreeMap::new(),
                 stores: VecDeque::new(),
                 stats: ClientStats::default(),
                 restoring: None,
@@ -240,6 +242,7 @@ impl Client {
             receipts: receipts_tx,
             cluster: cluster_tx,
             stop: watch::channel(false).0,
+            rng: Mutex::new(rng),
         });
         let (conn, broker, generation) = establish(&inner, true, None).await?;
         let client = Client { inner };
@@ -396,7 +399,7 @@ impl Client {
     ) -> Result<Subscription> {
         let id = match headers.iter().find(|(k, _)| *k == "id") {
             Some((_, v)) => v.to_string(),
-            None => format!("sub-{}", rand::random::<u32>()),
+            None => format!("sub-{}", self.inner.random::<u32>()),
         };
         if id == CLUSTER_SUBSCRIPTION {
             return Err(ClientError::Protocol(format!(
@@ -1151,7 +1154,7 @@ async fn establish(
     let ((conn, generation), broker) = reconnect(
         options,
         limit,
-        rand::random(),
+        inner.random(),
         || inner.candidates(avoid),
         |broker| async move { inner.open(&broker).await },
         inner.stop.subscribe(),
@@ -1161,12 +1164,19 @@ async fn establish(
 }
 
 impl Inner {
+    fn random<T>(&self) -> T
+    where
+        rand::distributions::Standard: rand::distributions::Distribution<T>,
+    {
+        self.rng.lock().expect("rng").gen()
+    }
+
     /// The order in which to try brokers: priority ones first under `priorityBackup`, the rest
     /// shuffled under `randomize`, `avoid` last.
     fn candidates(&self, avoid: Option<&str>) -> Vec<String> {
         let mut list = self.lock().brokers.clone();
         if self.uri.options.randomize {
-            list.shuffle(&mut rand::thread_rng());
+            list.shuffle(&mut *self.rng.lock().expect("rng"));
         }
         if self.uri.options.priority_backup {
             let priority = self.priority_brokers();
@@ -1433,9 +1443,12 @@ async fn supervise(
         }
         let on_priority =
             !inner.uri.options.priority_backup || inner.priority_brokers().contains(&broker);
+        // `biased` (here and in every select! of the client and the broker): branch order is
+        // fixed rather than random, so a simulated run replays exactly. Stop comes first.
         let leave = tokio::select! {
-            reason = conn.closed() => Leave::Lost(reason),
+            biased;
             _ = stop.wait_for(|s| *s) => Leave::Stop,
+            reason = conn.closed() => Leave::Lost(reason),
             Some(msg) = cluster.recv() => {
                 let changed = msg.header("haven-cluster").is_some_and(|l| inner.merge_brokers(l));
                 if changed {
@@ -1485,7 +1498,7 @@ async fn supervise(
                 let target = inner
                     .lock()
                     .brokers
-                    .choose(&mut rand::thread_rng())
+                    .choose(&mut *inner.rng.lock().expect("rng"))
                     .cloned();
                 match target {
                     Some(t) if t != broker => match inner.open(&t).await {

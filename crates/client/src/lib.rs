@@ -22,6 +22,7 @@ mod options;
 mod reader;
 mod shared;
 mod subscription;
+mod transport;
 mod uri;
 mod writer;
 
@@ -32,6 +33,7 @@ pub use haven_stomp::{Command, Frame, Version};
 pub use message::Message;
 pub use options::{AckMode, ConnectOptions};
 pub use subscription::Subscription;
+pub use transport::{BoxFuture, Dial, Dialer, ReadHalf, WriteHalf};
 pub use uri::{parse_uri, BrokerUri, FailoverOptions};
 
 /// Result type of every fallible client call.

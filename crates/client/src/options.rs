@@ -35,6 +35,12 @@ pub struct ConnectOptions {
     /// [`crate::Client`] only: acknowledged message ids remembered per subscription to drop
     /// redeliveries of messages the application already acked.
     pub dedup_window_messages: usize,
+    /// How sockets are opened: TCP by default; the simulator passes its own network.
+    pub dialer: crate::transport::Dialer,
+    /// [`crate::Client`] only: seeds its random choices (broker order under `randomize`,
+    /// back-off jitter, generated ids). Default: a random seed. The simulator sets it so that
+    /// a run replays exactly.
+    pub rng_seed: Option<u64>,
 }
 
 impl Default for ConnectOptions {
@@ -53,6 +59,8 @@ impl Default for ConnectOptions {
             producer_id: None,
             unconfirmed_sends_max: 4096,
             dedup_window_messages: 8192,
+            dialer: Default::default(),
+            rng_seed: None,
         }
     }
 }

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::ReadHalf;
 use bytes::BytesMut;
 use haven_stomp::{Command, Frame, Item, StompCodec};
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::task::AbortHandle;
 use tokio_util::codec::Decoder;
 
@@ -28,7 +28,7 @@ pub(crate) fn silence_ms_max(heartbeat_recv_ms: u64) -> u64 {
 }
 
 pub(crate) async fn run(
-    socket: OwnedReadHalf,
+    socket: ReadHalf,
     buffered: BytesMut,
     codec: StompCodec,
     heartbeat_recv_ms: u64,
@@ -42,7 +42,7 @@ pub(crate) async fn run(
 }
 
 async fn read_loop(
-    mut socket: OwnedReadHalf,
+    mut socket: ReadHalf,
     mut buf: BytesMut,
     mut codec: StompCodec,
     heartbeat_recv_ms: u64,

@@ -5,7 +5,7 @@
 //! once `closed` is set, no receipt waiter or subscription can be registered, and every one
 //! registered before was completed or dropped by the same `close` call — so no waiter hangs.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -40,8 +40,8 @@ impl Default for Shared {
 #[derive(Default)]
 struct State {
     closed: Option<ClientError>,
-    receipts: HashMap<String, ReceiptTx>,
-    subscriptions: HashMap<String, mpsc::Sender<Message>>,
+    receipts: BTreeMap<String, ReceiptTx>,
+    subscriptions: BTreeMap<String, mpsc::Sender<Message>>,
 }
 
 impl Shared {
@@ -142,7 +142,7 @@ impl Shared {
                 st.closed = Some(reason);
             }
             st.subscriptions.clear();
-            let receipts: Vec<ReceiptTx> = st.receipts.drain().map(|(_, tx)| tx).collect();
+            let receipts: Vec<ReceiptTx> = std::mem::take(&mut st.receipts).into_values().collect();
             (receipts, st.closed.clone().expect("closed was just set"))
         };
         for tx in receipts {

@@ -9,9 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::WriteHalf;
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 use crate::shared::Shared;
@@ -20,7 +20,7 @@ use crate::shared::Shared;
 const WRITE_BATCH_BYTES_MAX: usize = 256 * 1024;
 
 pub(crate) async fn run(
-    mut socket: OwnedWriteHalf,
+    mut socket: WriteHalf,
     mut queue: mpsc::Receiver<Bytes>,
     heartbeat_send_ms: u64,
     shared: Arc<Shared>,

@@ -8,6 +8,7 @@ use crate::command::{AckRef, Command, NewMessage, ProducerSeq, SubscribeOptions}
 use crate::config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
 use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
+use crate::hash::HashMap;
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
 use crate::producers::{ProducerStats, Producers, Released};
@@ -17,7 +18,7 @@ use crate::selector::{message_lookup, Selector};
 use crate::types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination, QueueKey,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -186,14 +187,14 @@ impl Engine {
             cfg,
             queues: Vec::new(),
             free_queue_ids: Vec::new(),
-            queue_ids: HashMap::new(),
-            topics: HashMap::new(),
-            wildcard_topics: HashMap::new(),
-            virtual_queues: HashMap::new(),
+            queue_ids: HashMap::default(),
+            topics: HashMap::default(),
+            wildcard_topics: HashMap::default(),
+            virtual_queues: HashMap::default(),
             wildcard_queue_subs: Vec::new(),
-            conns: HashMap::new(),
-            client_ids: HashMap::new(),
-            stored: HashMap::new(),
+            conns: HashMap::default(),
+            client_ids: HashMap::default(),
+            stored: HashMap::default(),
             live: LiveSet::default(),
             next_seq: 1,
             out: Vec::new(),
@@ -209,7 +210,7 @@ impl Engine {
             paged_in_total: 0,
             fatal: None,
             replaying: false,
-            schedules: HashMap::new(),
+            schedules: HashMap::default(),
             schedule_due: BTreeSet::new(),
         }
     }
@@ -543,10 +544,10 @@ impl Engine {
             conn,
             Conn {
                 client_id,
-                subs: HashMap::new(),
-                deliveries: HashMap::new(),
+                subs: HashMap::default(),
+                deliveries: HashMap::default(),
                 next_tag: 1,
-                txs: HashMap::new(),
+                txs: HashMap::default(),
                 temp_queues: Vec::new(),
                 producer,
             },
@@ -725,7 +726,7 @@ impl Engine {
             prefetch,
             inflight: 0,
             tags: BTreeMap::new(),
-            seq_tags: HashMap::new(),
+            seq_tags: HashMap::default(),
             durable,
             private_queue,
             topic,
@@ -824,7 +825,7 @@ impl Engine {
             prefetch,
             inflight: 0,
             tags: BTreeMap::new(),
-            seq_tags: HashMap::new(),
+            seq_tags: HashMap::default(),
             durable: None,
             private_queue: true,
             topic: Some(Destination::TempTopic {

@@ -21,6 +21,7 @@ pub mod cron;
 mod effect;
 mod engine;
 mod error;
+pub mod hash;
 mod live;
 mod message;
 mod producers;

@@ -21,9 +21,10 @@
 //! Fencing is volatile and lives here too: the connection that most recently CONNECTed with
 //! `haven-producer: P` owns P; an older session that claimed P may no longer use it.
 
+use crate::hash::HashMap;
 use crate::record::ProducerMark;
 use crate::types::ConnId;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Longest `haven-producer` id, in bytes: ids are kept in memory and in every record.
 pub const PRODUCER_ID_BYTES_MAX: usize = 128;
@@ -81,9 +82,9 @@ impl Producers {
             "producer limits must be at least 1"
         );
         Producers {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             by_seen: BTreeSet::new(),
-            owners: HashMap::new(),
+            owners: HashMap::default(),
             idle_ms_max,
             producers_max,
             duplicates_dropped_total: 0,

@@ -4,11 +4,12 @@
 
 use crate::cold::ColdQueue;
 pub(crate) use crate::cold::ColdRef;
+use crate::hash::HashMap;
 use crate::message::Message;
 use crate::selector::Selector;
 use crate::types::{ConnId, QueueKey};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -89,16 +90,16 @@ impl Queue {
         Queue {
             key,
             ready: BTreeMap::new(),
-            inflight: HashMap::new(),
+            inflight: HashMap::default(),
             consumers: Vec::new(),
             next_consumer: 0,
             topic: None,
             record_lsn: 0,
             selector: None,
-            groups: HashMap::new(),
+            groups: HashMap::default(),
             grouped_waiting: 0,
             delayed: BTreeMap::new(),
-            delayed_at: HashMap::new(),
+            delayed_at: HashMap::default(),
             cold: ColdQueue::default(),
             tail: BTreeMap::new(),
             ready_bytes: 0,

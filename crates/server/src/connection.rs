@@ -11,6 +11,7 @@ use crate::auth::Users;
 use crate::cluster::{self, ClusterFeed, ClusterHandle};
 use crate::config::Config;
 use crate::core::{CoreMsg, Outbound};
+use crate::net::{Accepted, ReadHalf, WriteHalf};
 use futures::{SinkExt, StreamExt};
 use haven_engine::selector::Selector;
 use haven_engine::{
@@ -20,8 +21,6 @@ use haven_engine::{
 use haven_stomp::{Command as Cmd, Frame, Item, Limits, StompCodec, Version};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -59,19 +58,15 @@ const RESERVED_HEADERS: &[&str] = &[
     "delivery-count",
 ];
 
-pub(crate) async fn serve(stream: TcpStream, conn: ConnId, shared: Arc<Shared>) {
-    let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+pub(crate) async fn serve(stream: Accepted, conn: ConnId, shared: Arc<Shared>) {
+    let peer = stream.peer.to_string();
     let cfg = &shared.config.stomp;
     let limits = Limits {
         frame_bytes_max: cfg.frame_bytes_max,
         header_count_max: cfg.header_count_max,
         header_bytes_max: cfg.header_bytes_max,
     };
-    let (rd, wr) = stream.into_split();
+    let (rd, wr) = (stream.read, stream.write);
     let mut reader = FramedRead::new(rd, StompCodec::new(limits));
     let mut writer = FramedWrite::new(wr, StompCodec::new(limits));
     let Some(session) = handshake(conn, &shared, &mut reader, &mut writer).await else {
@@ -93,10 +88,7 @@ struct Session {
     cluster: Option<ClusterFeed>,
 }
 
-async fn write_error_and_close(
-    writer: &mut FramedWrite<OwnedWriteHalf, StompCodec>,
-    message: &str,
-) {
+async fn write_error_and_close(writer: &mut FramedWrite<WriteHalf, StompCodec>, message: &str) {
     let frame = Frame::new(Cmd::Error)
         .with_header("message", message)
         .with_header("content-type", "text/plain")
@@ -126,13 +118,14 @@ fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
 async fn handshake(
     conn: ConnId,
     shared: &Shared,
-    reader: &mut FramedRead<OwnedReadHalf, StompCodec>,
-    writer: &mut FramedWrite<OwnedWriteHalf, StompCodec>,
+    reader: &mut FramedRead<ReadHalf, StompCodec>,
+    writer: &mut FramedWrite<WriteHalf, StompCodec>,
 ) -> Option<Session> {
     let cfg = &shared.config.stomp;
     let deadline = Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
     let frame = loop {
         let next = tokio::select! {
+            biased;
             next = reader.next() => next,
             _ = sleep_until(deadline) => {
                 write_error_and_close(writer, "no CONNECT frame within the connect timeout").await;
@@ -286,8 +279,8 @@ async fn run(
     conn: ConnId,
     shared: &Shared,
     mut s: Session,
-    mut reader: FramedRead<OwnedReadHalf, StompCodec>,
-    mut writer: FramedWrite<OwnedWriteHalf, StompCodec>,
+    mut reader: FramedRead<ReadHalf, StompCodec>,
+    mut writer: FramedWrite<WriteHalf, StompCodec>,
 ) {
     let core = &shared.core;
     // A peer that stops reading its socket (paused, wedged) would otherwise hold the messages
@@ -918,8 +911,8 @@ fn render_message(d: &Delivery, version: Version) -> Frame {
 }
 
 /// Answers a connection the broker will not serve with an ERROR, then closes it.
-pub(crate) async fn refuse(stream: TcpStream, message: &str) {
-    let (_, wr) = stream.into_split();
+pub(crate) async fn refuse(stream: Accepted, message: &str) {
+    let wr = stream.write;
     let mut writer = FramedWrite::new(wr, StompCodec::new(Limits::default()));
     write_error_and_close(&mut writer, message).await;
 }

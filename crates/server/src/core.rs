@@ -13,10 +13,14 @@
 
 use crate::error::ServerError;
 use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
-use haven_journal::{Journal, JournalFailure, Lsn};
+use haven_journal::{JournalFailure, Lsn};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+use crate::log::DurableLog;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// What a connection receives from the core.
@@ -93,8 +97,6 @@ pub(crate) struct CoreLimits {
     pub disk_bytes_max: u64,
     /// Free bytes on the journal's file system below which persistent SENDs are held back.
     pub disk_free_bytes_min: u64,
-    /// For the free-space check and the logs.
-    pub dir: PathBuf,
     /// For the log line when paging starts.
     pub memory_bytes_max: u64,
 }
@@ -108,7 +110,8 @@ struct Parked {
 }
 pub(crate) struct Core {
     engine: Engine,
-    journal: Journal,
+    journal: Box<dyn DurableLog>,
+    clock: Arc<dyn Clock>,
     conns: HashMap<ConnId, mpsc::UnboundedSender<Outbound>>,
     /// Effects waiting for the journal: (LSN that must be durable, connection, effect).
     gated: VecDeque<(Lsn, ConnId, Outbound)>,
@@ -135,23 +138,6 @@ pub(crate) struct Core {
     appended_bytes: u64,
     appended_marks: VecDeque<(Lsn, u64)>,
     synced_bytes: u64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// Free bytes for an unprivileged user on the file system holding `dir`.
-fn free_bytes(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: `path` is a valid NUL-terminated string and `st` a writable statvfs.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Commands a held-back connection may still have applied at once: acknowledgements nobody
@@ -191,12 +177,18 @@ fn receipt_of(cmd: &Command) -> Option<String> {
 }
 
 impl Core {
-    pub fn new(mut engine: Engine, journal: Journal, limits: CoreLimits) -> Core {
+    pub fn new(
+        mut engine: Engine,
+        journal: Box<dyn DurableLog>,
+        limits: CoreLimits,
+        clock: Arc<dyn Clock>,
+    ) -> Core {
         let durable = journal.durable_lsn().unwrap_or(0);
         engine.set_durable_lsn(durable + 1);
         Core {
             engine,
             journal,
+            clock,
             conns: HashMap::new(),
             gated: VecDeque::new(),
             gated_replies: VecDeque::new(),
@@ -322,7 +314,7 @@ impl Core {
 
     fn ctx(&self) -> Ctx {
         Ctx {
-            now_ms: now_ms(),
+            now_ms: self.clock.now_ms(),
             next_lsn: self.journal.next_lsn(),
         }
     }
@@ -587,7 +579,7 @@ impl Core {
     /// Sets `disk_block` from the journal's size and the file system's free space; logs when
     /// it changes.
     fn check_disk(&mut self, segments: u64) {
-        let used = segments * self.journal.config().segment_bytes;
+        let used = segments * self.journal.segment_bytes();
         let l = &self.limits;
         let block = if l.disk_bytes_max > 0 && used >= l.disk_bytes_max {
             Some(format!(
@@ -595,7 +587,7 @@ impl Core {
                 l.disk_bytes_max
             ))
         } else {
-            match free_bytes(&l.dir) {
+            match self.journal.free_bytes() {
                 Some(free) if free < l.disk_free_bytes_min => Some(format!(
                     "{free} bytes free on the journal's file system \
                      (limits.disk_free_bytes_min = {})",
@@ -702,7 +694,7 @@ mod tests {
     use haven_engine::{AckMode, AckRef, Destination, EngineConfig, NewMessage, QueueKey};
     use haven_journal::JournalConfig;
 
-    fn open(dir: &std::path::Path) -> (Engine, Journal) {
+    fn open(dir: &std::path::Path) -> (Engine, Box<dyn DurableLog>) {
         let cfg = EngineConfig {
             redeliveries_max: 0,
             ..Default::default()
@@ -710,8 +702,14 @@ mod tests {
         let mut engine = Engine::new(cfg);
         let mut jc = JournalConfig::new(dir);
         jc.segment_bytes = 4096;
-        let journal =
-            Journal::open(jc, |lsn, p| engine.replay(lsn, Record::decode(p).unwrap())).unwrap();
+        let store = Box::new(crate::log::JournalStore {
+            config: jc,
+            faults: None,
+        });
+        let journal = crate::log::LogStore::open(store, &mut |lsn, p| {
+            engine.replay(lsn, Record::decode(p).unwrap())
+        })
+        .unwrap();
         engine.finish_recovery().unwrap();
         (engine, journal)
     }
@@ -771,10 +769,10 @@ mod tests {
                 producer_wait_ms_max: 30_000,
                 disk_bytes_max: 0,
                 disk_free_bytes_min: 0,
-                dir: dir.path().to_path_buf(),
                 memory_bytes_max: u64::MAX,
             };
-            let mut core = Core::new(engine, journal, limits);
+            let clock = Arc::new(crate::clock::SystemClock);
+            let mut core = Core::new(engine, journal, limits, clock);
             let (rtx, _rrx) = oneshot::channel();
             core.on_msg(CoreMsg::Connect {
                 conn: 1,

@@ -2,6 +2,7 @@
 //! the journal. `Server::start` recovers the journal, then serves STOMP until `shutdown`.
 
 mod auth;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 mod connection;
@@ -9,23 +10,27 @@ mod core;
 mod error;
 mod loader;
 mod lock;
+pub mod log;
+pub mod net;
 mod store_id;
 
+pub use clock::{Clock, SystemClock};
 pub use cluster::{ClusterChange, ClusterError, ClusterHandle};
 pub use config::{ClusterConfig, Config};
 pub use error::ServerError;
+pub use log::{DurableLog, LogStore, OnRecord};
+pub use net::{Accepted, Listener, Network, TcpNetwork};
 
 use crate::connection::Shared;
 use crate::core::Core;
 use haven_engine::{
     Destination, DestinationLimits, DlqPolicy, Engine, EngineConfig, Record, RedeliveryPolicy,
 };
-use haven_journal::{Journal, JournalConfig};
+use haven_journal::JournalConfig;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::net::TcpListener;
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -43,7 +48,17 @@ pub struct Server {
     /// Connections being served; shutdown waits for them to write their last answers.
     open: Arc<AtomicUsize>,
     cluster: ClusterHandle,
-    _lock: lock::DirLock,
+    /// Held while the broker runs on a local data directory.
+    _lock: Option<lock::DirLock>,
+}
+
+/// The edges a broker runs over (see `Server::start_with`).
+pub struct Env {
+    pub network: Arc<dyn Network>,
+    pub clock: Arc<dyn Clock>,
+    pub log: Box<dyn LogStore>,
+    /// Announced as `haven-store` in CONNECTED: names the store message ids are unique in.
+    pub store_id: String,
 }
 
 fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineConfig {
@@ -141,26 +156,54 @@ impl Server {
         })?;
         let lock = lock::DirLock::acquire(&dir)?;
         let store_id = store_id::load_or_create(&dir)?;
-        let boot_id = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
         let mut jcfg = JournalConfig::new(dir.clone());
         jcfg.segment_bytes = config.journal.segment_bytes;
         jcfg.batch_bytes_max = config.journal.batch_bytes_max;
-        let record_bytes_max = jcfg.record_bytes_max();
+        let env = Env {
+            network: Arc::new(net::TcpNetwork),
+            clock: Arc::new(clock::SystemClock),
+            log: Box::new(log::JournalStore {
+                config: jcfg,
+                faults,
+            }),
+            store_id,
+        };
+        let mut server = Server::start_with(config, env).await?;
+        server._lock = Some(lock);
+        Ok(server)
+    }
+
+    /// Starts a broker over the given edges: how it listens, what time it is, and the durable
+    /// log it recovers from and appends to. `start` uses TCP, the system clock and the local
+    /// journal; the deterministic simulation passes simulated ones. Validates `config` first.
+    pub async fn start_with(config: Config, env: Env) -> Result<Server, ServerError> {
+        config.validate(std::path::Path::new("<flags>"))?;
+        let Env {
+            network,
+            clock,
+            log,
+            store_id,
+        } = env;
+        let boot_id = clock.now_ms();
+        let record_bytes_max = log.record_bytes_max();
         let mut engine = Engine::new(engine_config(&config, boot_id, record_bytes_max));
-        engine.set_loader(Box::new(loader::JournalLoader::new(dir.clone())));
-        let started = Instant::now();
+        engine.set_loader(log.loader());
+        let started = tokio::time::Instant::now();
         let mut records = 0u64;
-        let journal = tokio::task::block_in_place(|| {
-            let on_record = |lsn, payload: &[u8]| {
-                records += 1;
+        let where_ = log.describe();
+        let replay = |engine: &mut Engine, records: &mut u64| {
+            let mut on_record = |lsn, payload: &[u8]| {
+                *records += 1;
                 let record = Record::decode(payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
                 engine.replay(lsn, record)
             };
-            open_journal(jcfg, faults, on_record)
-        })?;
+            log.open(&mut on_record)
+        };
+        // Recovery reads files: off the async threads where the runtime has more than one.
+        let journal = match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => replay(&mut engine, &mut records),
+            _ => tokio::task::block_in_place(|| replay(&mut engine, &mut records)),
+        }?;
         engine.finish_recovery().map_err(ServerError::Recovery)?;
         let messages: usize = engine.queue_stats().iter().map(|q| q.ready).sum();
         tracing::info!(
@@ -169,15 +212,17 @@ impl Server {
             durable_objects = engine.live_count(),
             producers = engine.producer_stats().producers,
             ms = started.elapsed().as_millis() as u64,
-            dir = %dir.display(),
+            log = %where_,
             "journal recovered"
         );
-        let listener = TcpListener::bind(config.stomp.listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                addr: config.stomp.listen,
-                source,
-            })?;
+        let listener =
+            network
+                .bind(config.stomp.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: config.stomp.listen,
+                    source,
+                })?;
         let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: config.stomp.listen,
             source,
@@ -190,10 +235,9 @@ impl Server {
             producer_wait_ms_max: config.limits.producer_wait_ms_max,
             disk_bytes_max: config.limits.disk_bytes_max,
             disk_free_bytes_min: config.limits.disk_free_bytes_min,
-            dir: dir.clone(),
             memory_bytes_max: config.limits.memory_bytes_max,
         };
-        let core = Core::new(engine, journal, limits);
+        let core = Core::new(engine, journal, limits, clock);
         let core = tokio::spawn(core.run(core_rx, stop_rx.clone(), maintenance));
         let cluster = ClusterHandle::new(config.cluster.clone());
         let shared = Arc::new(Shared {
@@ -219,7 +263,7 @@ impl Server {
             accept,
             open,
             cluster,
-            _lock: lock,
+            _lock: None,
         })
     }
 
@@ -239,8 +283,8 @@ impl Server {
         if result.is_ok() {
             // The core has told every connection what completed and to close; give them a
             // bounded time to write it.
-            let deadline = Instant::now() + SHUTDOWN_DRAIN_MAX;
-            while self.open.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            let deadline = tokio::time::Instant::now() + SHUTDOWN_DRAIN_MAX;
+            while self.open.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
@@ -271,22 +315,8 @@ type Faults = haven_journal::Faults;
 #[cfg(not(feature = "fault-injection"))]
 enum Faults {}
 
-fn open_journal(
-    config: JournalConfig,
-    faults: Option<Arc<Faults>>,
-    on_record: impl FnMut(u64, &[u8]) -> Result<(), String>,
-) -> Result<Journal, haven_journal::JournalError> {
-    match faults {
-        #[cfg(feature = "fault-injection")]
-        Some(faults) => Journal::open_with_faults(config, faults, on_record),
-        #[cfg(not(feature = "fault-injection"))]
-        Some(never) => match *never {},
-        None => Journal::open(config, on_record),
-    }
-}
-
 async fn accept_loop(
-    listener: TcpListener,
+    mut listener: Box<dyn Listener>,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
@@ -298,11 +328,13 @@ async fn accept_loop(
     let next_conn = AtomicU64::new(boot_id << 20);
     let max = shared.config.stomp.connections_max;
     loop {
+        // Stop first: a flood of connections must not keep the broker from stopping.
         let accepted = tokio::select! {
-            a = listener.accept() => a,
+            biased;
             _ = stop.changed() => return,
+            a = listener.accept() => a,
         };
-        let (stream, peer) = match accepted {
+        let stream = match accepted {
             Ok(x) => x,
             Err(e) => {
                 // Out of file descriptors and the like: back off rather than spin.
@@ -312,7 +344,7 @@ async fn accept_loop(
             }
         };
         if open.load(Ordering::Relaxed) >= max {
-            tracing::warn!(%peer, max, "connection refused: connections_max reached");
+            tracing::warn!(peer = %stream.peer, max, "connection refused: connections_max reached");
             tokio::spawn(connection::refuse(stream, "too many connections"));
             continue;
         }

@@ -1,0 +1,99 @@
+//! `haven-sim`: runs seeded simulations of Haven and reports each failing seed.
+//!
+//!     haven-sim --seed 42 --mode exactly-once --trace   # replay one seed, print its trace
+//!     haven-sim --seeds 1000 --first 5000               # a sweep (e.g. overnight)
+
+use haven_sim::{run, Mode, SimConfig};
+use std::process::ExitCode;
+
+struct Args {
+    first: u64,
+    seeds: u64,
+    modes: Vec<Mode>,
+    trace: bool,
+    messages: Option<usize>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        first: 0,
+        seeds: 1,
+        modes: vec![Mode::ExactlyOnce, Mode::Standalone],
+        trace: false,
+        messages: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--seed" => {
+                args.first = value()?.parse().map_err(|e| format!("--seed: {e}"))?;
+                args.seeds = 1;
+            }
+            "--first" => args.first = value()?.parse().map_err(|e| format!("--first: {e}"))?,
+            "--seeds" => args.seeds = value()?.parse().map_err(|e| format!("--seeds: {e}"))?,
+            "--mode" => args.modes = vec![value()?.parse()?],
+            "--messages" => {
+                args.messages = Some(value()?.parse().map_err(|e| format!("--messages: {e}"))?)
+            }
+            "--trace" => args.trace = true,
+            "-h" | "--help" => {
+                return Err("usage: haven-sim [--seed N | --first N --seeds COUNT] \
+                            [--mode exactly-once|standalone] [--messages PER_PRODUCER] [--trace]"
+                    .into())
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .init();
+    }
+    let mut failed = Vec::new();
+    let (mut runs, mut messages, mut faults) = (0u64, 0usize, 0u64);
+    for seed in args.first..args.first + args.seeds {
+        for &mode in &args.modes {
+            let mut cfg = SimConfig::new(seed, mode);
+            if let Some(m) = args.messages {
+                cfg.messages_per_producer = m;
+            }
+            let outcome = run(&cfg);
+            runs += 1;
+            messages += outcome.report.attempted;
+            faults += outcome.faults.total();
+            if args.trace {
+                for line in &outcome.trace {
+                    println!("{line}");
+                }
+            }
+            print!("{outcome}");
+            if !outcome.ok() {
+                failed.push((seed, mode));
+            }
+        }
+    }
+    println!(
+        "{runs} runs, {messages} messages, {faults} faults injected, {} failed",
+        failed.len()
+    );
+    for (seed, mode) in &failed {
+        println!("  failed: --seed {seed} --mode {mode}");
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
