@@ -62,6 +62,8 @@ const SUBNET_LOCK_DIR: &str = "/run/haven-netlab";
 /// Pause between datagrams in [`NetLab::reaches`]; the first may wait on ARP.
 const PROBE_INTERVAL_MS: u64 = 50;
 const NFT_TABLE: &str = "haven_netlab";
+/// Names the firewall [`NetLab::new`] uses, overriding detection.
+const FIREWALL_ENV: &str = "HAVEN_NETLAB_FIREWALL";
 const NFT_SETUP: &str = "table inet haven_netlab {
     chain input { type filter hook input priority 0; policy accept; }
     chain output { type filter hook output priority 0; policy accept; }
@@ -155,9 +157,7 @@ impl NetLab {
         if !tool_runs(&["ip", "-V"]) {
             return Err("`ip` not found (Debian package iproute2)".into());
         }
-        let Some(firewall) = Firewall::detect() else {
-            return Err("neither `nft` (Debian package nftables) nor `iptables` found".into());
-        };
+        let firewall = chosen_firewall()?;
         let probe = format!(
             "hv{}-0-probe{}",
             std::process::id(),
@@ -186,11 +186,12 @@ impl NetLab {
         Some(reason)
     }
 
-    /// A lab with no hosts yet, using nft if present, else iptables.
+    /// A lab with no hosts yet. Its firewall is the one named by `HAVEN_NETLAB_FIREWALL`
+    /// (`nft` or `iptables`, so CI can exercise both), else nft if present, else iptables.
     pub fn new() -> Result<NetLab, TestkitError> {
-        let firewall = Firewall::detect().ok_or_else(|| TestkitError::Unsupported {
+        let firewall = chosen_firewall().map_err(|reason| TestkitError::Unsupported {
             what: "a network lab".into(),
-            reason: "neither `nft` nor `iptables` found".into(),
+            reason,
         })?;
         NetLab::with_firewall(firewall)
     }
@@ -491,6 +492,24 @@ impl Drop for NetLab {
     }
 }
 
+/// The firewall named by `HAVEN_NETLAB_FIREWALL`, if it runs; else the detected one.
+fn chosen_firewall() -> Result<Firewall, String> {
+    let (firewall, tool) = match std::env::var(FIREWALL_ENV).ok().as_deref() {
+        None | Some("") => {
+            return Firewall::detect().ok_or_else(|| {
+                "neither `nft` (Debian package nftables) nor `iptables` found".to_string()
+            })
+        }
+        Some("nft") => (Firewall::Nft, "nft"),
+        Some("iptables") => (Firewall::Iptables, "iptables"),
+        Some(other) => return Err(format!("{FIREWALL_ENV}={other}: expected nft or iptables")),
+    };
+    if !tool_runs(&[tool, "--version"]) {
+        return Err(format!("{FIREWALL_ENV}={tool} but `{tool}` does not run"));
+    }
+    Ok(firewall)
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Hook {
     Input,
@@ -608,8 +627,12 @@ fn remove_stale_namespaces() -> Result<Vec<String>, TestkitError> {
     for name in NetLab::existing_namespaces()? {
         let Some(pid) = lab_pid(&name) else { continue };
         if pid != own && !Path::new(&format!("/proc/{pid}")).exists() {
-            run(&["ip", "netns", "del", &name])?;
-            removed.push(name);
+            match run(&["ip", "netns", "del", &name]) {
+                Ok(_) => removed.push(name),
+                // Another lab starting at the same moment may have removed it first.
+                Err(_) if !Path::new("/run/netns").join(&name).exists() => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     if !removed.is_empty() {
