@@ -619,14 +619,17 @@ fn claim_subnet() -> Result<(u8, File), TestkitError> {
 }
 
 /// Deletes namespaces named `hv<pid>-<n>-...` whose pid is dead: left by a run that crashed
-/// or was killed before its labs were dropped. (If the pid was reused meanwhile they stay
-/// until a later run; they hold no addresses in the tester's namespace, so they harm no one.)
+/// or was killed before its labs were dropped, together with the brokers that run still had
+/// in them (orphans: nothing else would ever stop them, and they would keep the namespace
+/// alive after its name is gone). If the pid was reused meanwhile they stay until a later
+/// run; they hold no addresses in the tester's namespace, so they harm no one.
 fn remove_stale_namespaces() -> Result<Vec<String>, TestkitError> {
     let own = std::process::id();
     let mut removed = Vec::new();
     for name in NetLab::existing_namespaces()? {
         let Some(pid) = lab_pid(&name) else { continue };
         if pid != own && !Path::new(&format!("/proc/{pid}")).exists() {
+            kill_processes_in(&name)?;
             match run(&["ip", "netns", "del", &name]) {
                 Ok(_) => removed.push(name),
                 // Another lab starting at the same moment may have removed it first.
@@ -639,6 +642,50 @@ fn remove_stale_namespaces() -> Result<Vec<String>, TestkitError> {
         eprintln!("netlab: removed stale namespaces {removed:?}");
     }
     Ok(removed)
+}
+
+/// SIGKILLs every process inside namespace `name` (`ip netns pids`), then waits (bounded)
+/// for them to be gone.
+fn kill_processes_in(name: &str) -> Result<(), TestkitError> {
+    let pids: Vec<libc::pid_t> = match run(&["ip", "netns", "pids", name]) {
+        Ok(out) => out
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect(),
+        // Removed meanwhile by another lab.
+        Err(_) if !Path::new("/run/netns").join(name).exists() => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for &pid in &pids {
+        assert!(pid > 1, "namespace {name} lists pid {pid}");
+        eprintln!("netlab: killing pid {pid}, left in stale namespace {name}");
+        // SAFETY: kill(2) has no memory-safety preconditions. The pid was just listed inside
+        // a namespace only this harness creates; one that exited meanwhile gives ESRCH.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let deadline = Instant::now() + Duration::from_millis(COMMAND_TIMEOUT_MS);
+    while !pids.iter().all(|&pid| process_gone(pid)) {
+        if Instant::now() >= deadline {
+            return Err(TestkitError::CommandTimeout {
+                command: format!("kill -9 of {pids:?} in {name}"),
+                ms: COMMAND_TIMEOUT_MS,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// No such process, or a zombie: it has stopped running and holds no namespace; reaping it
+/// is its new parent's business (often an init that reaps lazily).
+fn process_gone(pid: libc::pid_t) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S ...`: the state follows the last ')' (comm may contain one).
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
 }
 
 /// The pid in a lab namespace's name `hv<pid>-<n>-<rest>`; `None` for any other name.
