@@ -5,8 +5,9 @@
 #
 #   bash scripts/test.sh
 #
-# What it installs: python3 with venv/pip (Debian packages), and the pinned packages of
-# tests/interop/requirements.txt (stomp.py, pytest) into .venv at the repo root.
+# What it installs: python3 with venv/pip, iproute2 and nftables (Debian packages), and the
+# pinned packages of tests/interop/requirements.txt (stomp.py, pytest) into .venv at the repo
+# root.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,6 +27,11 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     missing+=(python3-venv python3-pip)
 fi
+# crates/cli/tests/netns_partitions.rs: network namespaces (ip) cut apart by nft rules. They
+# live in sbin, which a non-root PATH may lack; the tests themselves skip unless run as root.
+sbin_path="$PATH:/usr/sbin:/sbin"
+PATH="$sbin_path" command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+PATH="$sbin_path" command -v nft >/dev/null 2>&1 || missing+=(nftables)
 if [ "${#missing[@]}" -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq

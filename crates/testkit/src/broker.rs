@@ -36,6 +36,13 @@ pub struct BrokerOpts {
     pub extra_args: Vec<String>,
     /// Written next to the data directory and passed as `--config` when set.
     pub config_toml: Option<String>,
+    /// A command the broker is started under, e.g. `ip netns exec NS` (see
+    /// [`crate::NetLab::broker_opts`]); empty: the binary is spawned directly. The wrapper must
+    /// `exec` the binary in place (as `ip netns exec` does), so that the child's pid is the
+    /// broker's and `kill9`, `sigstop` and `stop` hit the broker, not a parent that would leave
+    /// it running. Every start checks this (`/proc/<pid>/exe` is the binary) and fails with
+    /// [`TestkitError::WrapperKeptPid`] otherwise.
+    pub wrapper: Vec<String>,
 }
 
 impl BrokerOpts {
@@ -50,6 +57,7 @@ impl BrokerOpts {
             stomp_addr,
             extra_args: Vec::new(),
             config_toml: None,
+            wrapper: Vec::new(),
         }
     }
 }
@@ -121,7 +129,14 @@ impl BrokerProcess {
             .map_err(io(format!("open {}", self.log_path.display())))?;
         writeln!(log, "=== haven-testkit start {} ===", self.starts).map_err(io("write log"))?;
         let stderr = log.try_clone().map_err(io("clone log handle"))?;
-        let mut cmd = Command::new(&self.opts.bin);
+        let mut cmd = match self.opts.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.opts.bin);
+                cmd
+            }
+            None => Command::new(&self.opts.bin),
+        };
         cmd.arg("run")
             .arg("--data")
             .arg(&self.opts.data_dir)
@@ -138,7 +153,34 @@ impl BrokerProcess {
             .spawn()
             .map_err(io(format!("spawn {}", self.opts.bin.display())))?;
         self.child = Some(child);
-        self.wait_ready()
+        self.wait_ready()?;
+        if !self.opts.wrapper.is_empty() {
+            self.check_wrapper_execed()?;
+        }
+        Ok(())
+    }
+
+    /// The broker answers CONNECT, so a wrapper that execs has done so by now: the child's
+    /// executable must be the broker binary itself.
+    fn check_wrapper_execed(&mut self) -> Result<(), TestkitError> {
+        let pid = self.child_mut()?.id();
+        let exe_link = format!("/proc/{pid}/exe");
+        let exe = std::fs::read_link(&exe_link).map_err(io(format!("readlink {exe_link}")))?;
+        let bin = std::fs::canonicalize(&self.opts.bin)
+            .map_err(io(format!("canonicalize {}", self.opts.bin.display())))?;
+        // A binary rebuilt while the broker runs shows as "PATH (deleted)".
+        let exe_text = exe.to_string_lossy();
+        let exe_path = exe_text.strip_suffix(" (deleted)").unwrap_or(&exe_text);
+        if Path::new(exe_path) != bin {
+            let err = TestkitError::WrapperKeptPid {
+                pid,
+                exe: exe_text.into_owned(),
+                bin: bin.display().to_string(),
+            };
+            self.kill_now();
+            return Err(err);
+        }
+        Ok(())
     }
 
     fn wait_ready(&mut self) -> Result<(), TestkitError> {

@@ -27,6 +27,23 @@ pub enum TestkitError {
         path: std::path::PathBuf,
         field: &'static str,
     },
+    #[error(
+        "pid {pid} runs {exe}, not {bin}: the wrapper must exec the broker in place so that \
+         signals reach it"
+    )]
+    WrapperKeptPid { pid: u32, exe: String, bin: String },
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("`{command}` did not finish within {ms} ms (killed)")]
+    CommandTimeout { command: String, ms: u64 },
+    #[error("{what} is not supported here: {reason}")]
+    Unsupported { what: String, reason: String },
+    #[error("no free 10.200.N.0/24 subnet for a network lab ({tried} tried)")]
+    SubnetsExhausted { tried: usize },
     #[error("signal {signal} to pid {pid} failed: {source}")]
     Signal {
         signal: i32,
