@@ -318,7 +318,14 @@ mod tests {
         let mut s = TcpStream::connect(proxy.addr()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert_eq!(roundtrip(&mut s, "hello").unwrap(), "hello");
-        let stats = proxy.stats();
+        // A pump counts the bytes after writing them, so the reply can arrive first: wait
+        // (bounded) for the count rather than read it once.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut stats = proxy.stats();
+        while stats.bytes_to_client < 6 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            stats = proxy.stats();
+        }
         assert_eq!(stats.connections_accepted, 1);
         assert_eq!(stats.bytes_to_upstream, 6);
         assert_eq!(stats.bytes_to_client, 6);
