@@ -30,6 +30,8 @@ const CONSUMER_QUIET_MS: u64 = 1_000;
 /// about faults, not throughput, and every message costs real time to simulate.
 const SEND_PAUSE_MS: u64 = 25;
 const PIPELINE_BATCH: usize = 4;
+/// SENDs per transaction of the transacted producer.
+const TX_SENDS: usize = 3;
 /// Bound on the sim beyond the healing bound, so turmoil's own limit never fires first.
 const SIM_SLACK_MS: u64 = 60_000;
 
@@ -94,7 +96,7 @@ impl SimConfig {
         SimConfig {
             seed,
             mode,
-            producers: 2,
+            producers: 3,
             messages_per_producer: 200,
             fault_ms: 15_000,
             heal_ms_max: 120_000,
@@ -344,9 +346,12 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         );
         let opts = client_options(cfg.seed ^ (0x100 + p as u64), Some(format!("sim-p{p}")));
         let (n, fault_ms) = (cfg.messages_per_producer, cfg.fault_ms);
-        // Even producers wait for each RECEIPT; odd ones pipeline (up to the client's window
-        // unconfirmed), so a crash catches many SENDs in flight that must be sent again.
-        let pipelined = p % 2 == 1;
+        // Producer 0 waits for each RECEIPT; producer 1 pipelines (up to the client's window
+        // unconfirmed), so a crash catches many SENDs in flight that must be sent again;
+        // producer 2 sends in transactions of `TX_SENDS`, whose COMMIT must be settled
+        // across a failover (committed, or reported rolled back and never delivered).
+        let kind = p % 3;
+        let pipelined = kind == 1;
         sim.client(format!("producer{p}"), async move {
             let client = Client::connect(&uri, opts)
                 .await
@@ -356,6 +361,15 @@ pub fn run(cfg: &SimConfig) -> Outcome {
             // At least `n` messages, and on through the whole fault phase.
             while k < n || turmoil::sim_elapsed().is_some_and(|t| t.as_millis() < fault_ms as u128)
             {
+                if kind == 2 {
+                    let ids: Vec<String> = (k + 1..=k + TX_SENDS)
+                        .map(|i| format!("p{p}-{i}"))
+                        .collect();
+                    k += TX_SENDS;
+                    transact(&client, &format!("p{p}-tx{k}"), &ids, &history, &trace).await;
+                    tokio::time::sleep(Duration::from_millis(SEND_PAUSE_MS)).await;
+                    continue;
+                }
                 k += 1;
                 let id = format!("p{p}-{k}");
                 history.attempted(&id);
@@ -567,6 +581,40 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         disks: disks.iter().map(SimDisk::stats).collect(),
         trace_digest: digest,
         trace: lines,
+    }
+}
+
+/// One transaction of `ids`: BEGIN, a SEND each, COMMIT. All receipted if the COMMIT is
+/// confirmed; all failed if the client reports it rolled back (a failover took it); unknown
+/// otherwise.
+async fn transact(client: &Client, tx: &str, ids: &[String], history: &History, trace: &Trace) {
+    for id in ids {
+        history.attempted(id);
+    }
+    let settle = |outcome: SendOutcome, why: &str| {
+        for id in ids {
+            history.outcome(id, outcome);
+        }
+        trace.add(format_args!("{tx} {outcome:?}: {why}"));
+    };
+    if let Err(e) = client.begin(tx).await {
+        settle(SendOutcome::Failed, &format!("begin: {e}"));
+        return;
+    }
+    for id in ids {
+        if let Err(e) = client.send(QUEUE, &[("transaction", tx)], id.clone()).await {
+            // The transaction is gone with its connection (or refused): nothing of it commits.
+            let _ = client.abort(tx).await;
+            settle(SendOutcome::Failed, &format!("send {id}: {e}"));
+            return;
+        }
+    }
+    match client.commit(tx).await {
+        Ok(()) => settle(SendOutcome::Receipted, "committed"),
+        Err(e @ ClientError::TransactionRolledBack { .. }) => {
+            settle(SendOutcome::Failed, &e.to_string())
+        }
+        Err(e) => settle(SendOutcome::Unknown, &e.to_string()),
     }
 }
 

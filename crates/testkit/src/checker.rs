@@ -78,6 +78,9 @@ pub struct Report {
     /// Ids delivered more than once, whether or not the rules allow it.
     pub repeated: usize,
     pub unexpected: Vec<String>,
+    /// Sends the client was told failed (refused, or in a transaction reported rolled back)
+    /// that were delivered anyway: an atomicity violation.
+    pub resurrected: Vec<String>,
     pub order_violations: Vec<String>,
 }
 
@@ -170,6 +173,9 @@ impl History {
             if !r.attempted && !r.deliveries.is_empty() {
                 report.unexpected.push(id.clone());
             }
+            if r.outcome == Some(SendOutcome::Failed) && !r.deliveries.is_empty() {
+                report.resurrected.push(id.clone());
+            }
             if r.outcome == Some(SendOutcome::Receipted) && r.deliveries.is_empty() {
                 report.lost.push(id.clone());
             }
@@ -221,6 +227,7 @@ impl Report {
         self.lost.is_empty()
             && self.duplicated.is_empty()
             && self.unexpected.is_empty()
+            && self.resurrected.is_empty()
             && self.order_violations.is_empty()
     }
 }
@@ -229,7 +236,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "attempted {} receipted {} failed {} unknown {} (recovered {}), delivered {} ids in {} deliveries ({} repeated); lost {}, duplicated {}, unexpected {}, order violations {}",
+            "attempted {} receipted {} failed {} unknown {} (recovered {}), delivered {} ids in {} deliveries ({} repeated); lost {}, duplicated {}, unexpected {}, resurrected {}, order violations {}",
             self.attempted,
             self.receipted,
             self.failed,
@@ -241,12 +248,14 @@ impl std::fmt::Display for Report {
             self.lost.len(),
             self.duplicated.len(),
             self.unexpected.len(),
+            self.resurrected.len(),
             self.order_violations.len()
         )?;
         for (name, list) in [
             ("lost", &self.lost),
             ("duplicated", &self.duplicated),
             ("unexpected", &self.unexpected),
+            ("resurrected", &self.resurrected),
             ("order", &self.order_violations),
         ] {
             if !list.is_empty() {
@@ -318,6 +327,17 @@ mod tests {
         assert_eq!(h.check(Duplicates::Forbidden, false).duplicated.len(), 3);
         let counted = h.check(Duplicates::Counted, false);
         assert!(counted.duplicated.is_empty() && counted.repeated == 3);
+    }
+
+    #[test]
+    fn a_failed_send_that_is_delivered_is_reported() {
+        let h = History::new();
+        sent(&h, "p1-1", SendOutcome::Failed);
+        sent(&h, "p1-2", SendOutcome::Failed);
+        h.delivered("p1-2", false);
+        let r = h.check(Duplicates::Counted, false);
+        assert_eq!(r.resurrected, vec!["p1-2"]);
+        assert!(!r.is_ok());
     }
 
     #[test]
