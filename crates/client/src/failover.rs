@@ -1296,7 +1296,7 @@ async fn restore_locked(
     let subs: Vec<Arc<SubTracker>>;
     {
         let mut st = inner.lock();
-        st.stores.push_back((generation, store));
+        st.stores.push_back((generation, store.clone()));
         while st.stores.len() > GENERATIONS_REMEMBERED_MAX {
             st.stores.pop_front();
         }
@@ -1311,9 +1311,22 @@ async fn restore_locked(
                             transaction: transaction.clone(),
                             reason: "its connection was lost before COMMIT was sent".into(),
                         },
-                        (Some(_), Some(_)) => ClientError::TransactionRolledBack {
-                            transaction: transaction.clone(),
-                            reason: "the broker never applied the COMMIT".into(),
+                        // The mark speaks only for its own store: a COMMIT written to a
+                        // broker with another store may have been applied there (found by
+                        // the simulation: three standalone brokers, a link cut just after a
+                        // COMMIT was applied).
+                        (Some(g), Some(_))
+                            if st.stores.iter().any(|(sg, s)| *sg == g && *s == store) =>
+                        {
+                            ClientError::TransactionRolledBack {
+                                transaction: transaction.clone(),
+                                reason: "the broker never applied the COMMIT".into(),
+                            }
+                        }
+                        (Some(_), Some(_)) => ClientError::OutcomeUnknown {
+                            what: format!(
+                                "COMMIT of transaction {transaction:?} (sent to another store)"
+                            ),
                         },
                         (Some(_), None) => ClientError::OutcomeUnknown {
                             what: format!("COMMIT of transaction {transaction:?}"),

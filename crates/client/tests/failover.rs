@@ -266,8 +266,22 @@ async fn same_message_id_from_another_store_is_not_a_duplicate() {
 /// Plays BEGIN, one transacted SEND and a COMMIT that the connection loses before its
 /// RECEIPT; the next CONNECTED answers `haven_seq` (or nothing). Returns `commit`'s result.
 async fn commit_lost_in_flight(haven_seq: Option<&str>) -> Result<(), ClientError> {
+    commit_lost_in_flight_stores(haven_seq, "s1", "s1").await
+}
+
+/// As `commit_lost_in_flight`, with the `haven-store` of the first and the second CONNECTED.
+async fn commit_lost_in_flight_stores(
+    haven_seq: Option<&str>,
+    store_before: &str,
+    store_after: &str,
+) -> Result<(), ClientError> {
     let server = FakeServer::bind().await;
-    let (client, mut peer) = connect(&server, &uri(&[&server], ""), &[("haven-seq", "0")]).await;
+    let (client, mut peer) = connect(
+        &server,
+        &uri(&[&server], ""),
+        &[("haven-seq", "0"), ("haven-store", store_before)],
+    )
+    .await;
     let begin = {
         let c = client.clone();
         tokio::spawn(async move { c.begin("t1").await })
@@ -292,9 +306,20 @@ async fn commit_lost_in_flight(haven_seq: Option<&str>) -> Result<(), ClientErro
     assert_eq!(seq(&frame), 1);
     drop(peer);
     let mut peer = server.accept().await;
-    let headers: Vec<(&str, &str)> = haven_seq.map(|s| ("haven-seq", s)).into_iter().collect();
+    let mut headers: Vec<(&str, &str)> = haven_seq.map(|s| ("haven-seq", s)).into_iter().collect();
+    headers.push(("haven-store", store_after));
     handshake(&mut peer, &headers).await;
     commit.await.unwrap()
+}
+
+/// Another store's mark says nothing about a COMMIT written to the first one (three standalone
+/// brokers: the COMMIT may have been applied where it was sent).
+#[tokio::test]
+async fn a_commit_lost_in_flight_to_another_store_is_unknown() {
+    assert!(matches!(
+        commit_lost_in_flight_stores(Some("0"), "s1", "s2").await,
+        Err(ClientError::OutcomeUnknown { .. })
+    ));
 }
 
 #[tokio::test]

@@ -12,9 +12,10 @@
 //! prefetch credit (deliveries) and by each client's own requests (receipts).
 
 use crate::error::ServerError;
+use haven_engine::hash::HashMap;
 use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
 use haven_journal::{JournalFailure, Lsn};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -189,7 +190,7 @@ impl Core {
             engine,
             journal,
             clock,
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             gated: VecDeque::new(),
             gated_replies: VecDeque::new(),
             durable,
