@@ -293,7 +293,10 @@ impl Cluster {
             brokers.push(broker);
         }
         Ok(Cluster {
-            via_proxy: proxies.iter().map(|p| format!("tcp://{}", p.addr())).collect(),
+            via_proxy: proxies
+                .iter()
+                .map(|p| format!("tcp://{}", p.addr()))
+                .collect(),
             direct: brokers.iter().map(|b| b.stomp_url()).collect(),
             brokers: Arc::new(Mutex::new(brokers)),
             proxies: Arc::new(proxies),
@@ -459,8 +462,7 @@ async fn drain(
                 return;
             }
             Err(_) if stop.load(Ordering::Relaxed) => {
-                if history.missing() == 0 || last.elapsed() >= Duration::from_millis(give_up_ms)
-                {
+                if history.missing() == 0 || last.elapsed() >= Duration::from_millis(give_up_ms) {
                     return;
                 }
             }
