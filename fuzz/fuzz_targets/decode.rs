@@ -73,9 +73,8 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    match codec.decode_eof(&mut buf) {
-        Ok(Some(item)) => check_item(&item, version, limits, 0),
-        Ok(None) | Err(_) => {}
+    if let Ok(Some(item)) = codec.decode_eof(&mut buf) {
+        check_item(&item, version, limits, 0);
     }
 });
 
