@@ -160,6 +160,9 @@ pub struct Summary {
     pub duplicates_dropped: u64,
     /// Errors a client returned that it should have hidden (each is a failure).
     pub client_errors: Vec<String>,
+    /// SENDs a broker refused (ERROR naming the SEND), with the reason: the application was
+    /// told and nothing was stored, so not a failure, but each is listed.
+    pub refusals: Vec<String>,
     /// A liveness failure of the healing phase, if any.
     pub stuck: Option<String>,
     /// Peak RSS of each broker's current process at the end, in bytes.
@@ -235,6 +238,9 @@ impl fmt::Display for Summary {
         writeln!(f, "  checker: {r}")?;
         for e in self.client_errors.iter().take(10) {
             writeln!(f, "  client error: {e}")?;
+        }
+        for e in self.refusals.iter().take(10) {
+            writeln!(f, "  refused: {e}")?;
         }
         if let Some(stuck) = &self.stuck {
             writeln!(f, "  STUCK: {stuck}")?;
@@ -380,6 +386,8 @@ struct Workload {
     stop_producers: Arc<AtomicBool>,
     stop_consumers: Arc<AtomicBool>,
     errors: Arc<Mutex<Vec<String>>>,
+    /// SENDs a broker refused with an ERROR, with its reason.
+    refusals: Arc<Mutex<Vec<String>>>,
 }
 
 fn record_error(errors: &Mutex<Vec<String>>, e: String) {
@@ -394,11 +402,12 @@ fn spawn_sender(
     pad_len: usize,
     w: &Workload,
 ) -> tokio::task::JoinHandle<()> {
-    let (history, receipts, stop, errors) = (
+    let (history, receipts, stop, errors, refusals) = (
         w.history.clone(),
         w.receipts.clone(),
         w.stop_producers.clone(),
         w.errors.clone(),
+        w.refusals.clone(),
     );
     tokio::spawn(async move {
         let dest = queue(q);
@@ -416,7 +425,11 @@ fn spawn_sender(
                     history.outcome(&id, SendOutcome::Receipted);
                     receipts[c * QUEUES + q].fetch_add(1, Ordering::Relaxed);
                 }
-                Err(ClientError::Server { .. }) => history.outcome(&id, SendOutcome::Failed),
+                Err(e @ ClientError::Server { .. }) => {
+                    // Not stored, and the application is told: not a loss, but shown.
+                    history.outcome(&id, SendOutcome::Failed);
+                    record_error(&refusals, format!("send {id}: {e}"));
+                }
                 Err(e) => {
                     history.outcome(&id, SendOutcome::Unknown);
                     record_error(&errors, format!("send {id}: {e}"));
@@ -542,6 +555,7 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
         stop_producers: Arc::new(AtomicBool::new(false)),
         stop_consumers: Arc::new(AtomicBool::new(false)),
         errors: Arc::new(Mutex::new(Vec::new())),
+        refusals: Arc::new(Mutex::new(Vec::new())),
     };
 
     let mut consumers = Vec::new();
@@ -680,6 +694,7 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
     })
     .await;
     let client_errors = std::mem::take(&mut *w.errors.lock().expect("errors poisoned"));
+    let refusals = std::mem::take(&mut *w.refusals.lock().expect("refusals poisoned"));
     Ok(Summary {
         seed: cfg.seed,
         mode: cfg.mode,
@@ -691,6 +706,7 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
         sends_resent,
         duplicates_dropped,
         client_errors,
+        refusals,
         stuck,
         broker_rss_peak_bytes,
     })
