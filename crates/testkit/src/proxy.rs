@@ -10,7 +10,9 @@
 //! - [`Fault::Delay`]: forwarded after the delay (per read chunk, so bytes keep their order).
 //! - [`Fault::BlackHole`]: nothing is read or forwarded, and the sockets stay open, like a
 //!   network that silently drops packets. The sender's buffers fill; the receiver hears nothing.
-//!   Only heart-beats or timeouts reveal it.
+//!   Only heart-beats or timeouts reveal it. Bytes a pump had already read are held and
+//!   forwarded after the heal, never dropped: like TCP, which retransmits, a connection that
+//!   survives the black hole delivers its whole stream in order.
 //! - [`Fault::Reset`]: every open connection is reset (RST), and new ones are accepted and reset
 //!   at once, like a peer whose process died.
 //!
@@ -253,13 +255,28 @@ fn pump(mut from: TcpStream, mut to: TcpStream, upstream_bound: bool, shared: &S
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(_) => break,
         };
-        // The fault may have changed while we waited in `read`; a black hole swallows what
-        // was read (those packets were "lost"), a reset ends the connection.
-        match shared.fault() {
-            Fault::Pass => {}
-            Fault::Delay { ms } => std::thread::sleep(Duration::from_millis(ms)),
-            Fault::BlackHole => continue,
-            Fault::Reset => break,
+        // The fault may have changed while we waited in `read` (or in a delay). A black hole
+        // holds what was read until it heals: TCP retransmits lost packets, so a connection
+        // that lives on never loses bytes from the middle of its stream. Dropping them here
+        // once made the broker see SEND n+1 without SEND n on a live connection, which no
+        // real network can do. Only a reset ends the connection and discards the bytes.
+        let mut delayed = false;
+        loop {
+            match shared.fault() {
+                Fault::Pass => break,
+                Fault::Delay { ms } if !delayed => {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    delayed = true;
+                }
+                Fault::Delay { .. } => break,
+                Fault::BlackHole if !shared.stop.load(Ordering::Relaxed) => {
+                    std::thread::sleep(Duration::from_millis(POLL_MS));
+                }
+                Fault::BlackHole | Fault::Reset => {
+                    let _ = to.shutdown(Shutdown::Write);
+                    return;
+                }
+            }
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
@@ -350,6 +367,45 @@ mod tests {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         // Nothing was read while black-holed, so the earlier line arrives now, then this one.
         assert_eq!(roundtrip(&mut s, "b").unwrap(), "lost?");
+    }
+
+    /// Regression: bytes a pump had read when a black hole started were dropped and the
+    /// connection went on, leaving a hole in the middle of the stream (the chaos soak saw a
+    /// SEND vanish while the later ones on the same connection were stored). That race lasts
+    /// microseconds, so the test widens it with a delay: the pump holds "held" in its delay
+    /// when the black hole starts. Rule checked on the upstream side: what was read is neither
+    /// forwarded during the black hole nor dropped, but forwarded after it heals, in order.
+    #[test]
+    fn bytes_read_before_a_black_hole_arrive_after_it_heals() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = Proxy::start(listener.local_addr().unwrap()).unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).unwrap();
+        let (mut upstream, _) = listener.accept().unwrap();
+        proxy.set(Fault::Delay { ms: 300 });
+        client.write_all(b"held;").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        proxy.set(Fault::BlackHole);
+        client.write_all(b"later;").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        upstream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        match upstream.read(&mut buf) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            other => panic!("something moved during the black hole: {other:?}"),
+        }
+        proxy.set(Fault::Pass);
+        upstream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut got = Vec::new();
+        while got.len() < b"held;later;".len() {
+            let n = upstream.read(&mut buf).unwrap();
+            assert!(n > 0, "closed after {got:?}");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, b"held;later;", "nothing dropped, order kept");
     }
 
     #[test]
