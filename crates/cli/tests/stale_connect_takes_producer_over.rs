@@ -1,17 +1,12 @@
-//! Known issue, found by the chaos soak: a failover client can have a SEND refused with
-//! "producer ... was taken over by a newer connection" after a black-holed link heals.
+//! Found by the chaos soak: a failover client had SENDs refused with "producer ... was taken
+//! over by a newer connection" after a black-holed link healed. A reconnect attempt sent
+//! CONNECT (with the client's `haven-producer`) into the silent link and timed out; the next
+//! attempt got through after the heal. The stale CONNECT then reached the broker after the
+//! live one and, being the newer CONNECT, took the producer over, fencing the live session.
 //!
-//! Likely sequence: the link goes silent; heart-beats end the connection; a reconnect attempt
-//! sends CONNECT (with the client's `haven-producer`) into the silent link and times out; the
-//! next attempt does the same or gets through after the heal. Once the link heals, the broker
-//! receives the stale CONNECT too, and if it comes after the live one it takes the producer
-//! over (`haven-producer` fencing: the newest CONNECT owns the producer), so the live
-//! connection's next SEND is refused. Nothing is stored and the application gets the ERROR, so
-//! nothing is lost, but a failover client is meant to hide broker and network failures.
-//!
-//! The test states the wanted behaviour and is ignored until the client (or the fencing rule)
-//! is changed: `cargo test -p haven-cli --test stale_connect_takes_producer_over -- --ignored`.
-//! On 2026-11-30 it reproduced on each of 3 runs (2–5 refused SENDs over 5–8 black holes).
+//! Fixed by `haven-session` on CONNECT (the client's start time plus its connection number):
+//! the broker refuses a CONNECT older than the producer's current owner. Before the fix this
+//! test reproduced the refusal on each of 3 runs (2–5 refused SENDs over 5 black holes).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,7 +23,6 @@ const CONNECT_TIMEOUT_MS: u64 = 2_000;
 const HEARTBEAT_MS: u64 = 500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known issue: a stale CONNECT released by a healed link takes the producer over"]
 async fn black_holed_links_never_make_the_client_refuse_a_send() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = BrokerOpts::new(

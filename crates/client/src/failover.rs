@@ -174,6 +174,9 @@ struct Inner {
     stop: watch::Sender<bool>,
     /// Every random choice (broker order, back-off jitter, ids): one seed replays them.
     rng: Mutex<StdRng>,
+    /// `haven-session` of connection `g` is `session_base + g`: the client's start time in
+    /// microseconds, so a restarted client (same producer id) outranks its earlier run.
+    session_base: u64,
 }
 
 /// A STOMP session over `tcp://` or `failover:(...)` that reconnects, restores its
@@ -243,6 +246,9 @@ impl Client {
             cluster: cluster_tx,
             stop: watch::channel(false).0,
             rng: Mutex::new(rng),
+            session_base: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
         });
         let (conn, broker, generation) = establish(&inner, true, None).await?;
         let client = Client { inner };
@@ -1209,6 +1215,12 @@ impl Inner {
         let mut opts = self.opts.clone();
         opts.headers
             .push(("haven-producer".into(), self.producer_id.clone()));
+        // Orders this client's CONNECTs: one held up in the network must not take the
+        // producer from a newer session when it finally arrives.
+        opts.headers.push((
+            "haven-session".into(),
+            (self.session_base + generation).to_string(),
+        ));
         if self.uri.options.update_uris_supported {
             opts.headers
                 .push(("haven-cluster-updates".into(), "true".into()));

@@ -79,6 +79,9 @@ pub enum Command {
         /// `haven-producer`: this connection takes the producer over (older sessions that
         /// claimed it are fenced); the caller reads [`crate::Engine::producer_hwm`] after.
         producer: Option<String>,
+        /// `haven-session` (0 when absent): orders the CONNECTs of one client, so that a
+        /// late one cannot take the producer from a newer session.
+        session: u64,
     },
     /// The connection is gone (socket closed, ERROR sent, or DISCONNECT). Idempotent. Unacked
     /// messages are redelivered, transactions rolled back, temporary destinations deleted.

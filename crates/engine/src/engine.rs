@@ -244,8 +244,9 @@ impl Engine {
                 conn,
                 client_id,
                 producer,
+                session,
             } => {
-                self.connect(conn, client_id, producer)?;
+                self.connect(conn, client_id, producer, session)?;
                 None
             }
             Command::Close { conn, receipt } => {
@@ -526,6 +527,7 @@ impl Engine {
         conn: ConnId,
         client_id: Option<String>,
         producer: Option<String>,
+        session: u64,
     ) -> Result<(), EngineError> {
         assert!(
             !self.conns.contains_key(&conn),
@@ -535,10 +537,12 @@ impl Engine {
             if self.client_ids.contains_key(id) {
                 return Err(EngineError::ClientIdInUse(id.clone()));
             }
-            self.client_ids.insert(id.clone(), conn);
         }
         if let Some(p) = &producer {
-            self.producers.claim(p, conn);
+            self.producers.claim(p, conn, session)?;
+        }
+        if let Some(id) = &client_id {
+            self.client_ids.insert(id.clone(), conn);
         }
         self.conns.insert(
             conn,

@@ -51,6 +51,8 @@ pub enum EngineError {
     ScheduledInTransaction,
     #[error("producer '{0}' was taken over by a newer connection (CONNECT with haven-producer); this session may no longer send for it")]
     ProducerTakenOver(String),
+    #[error("producer '{0}' is in use by a newer session of its client (a CONNECT that arrived late); this connection is refused")]
+    StaleSession(String),
     #[error("temporary destination belongs to another connection")]
     NotOwner,
     #[error(transparent)]

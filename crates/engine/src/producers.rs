@@ -24,6 +24,7 @@
 use crate::hash::HashMap;
 use crate::record::ProducerMark;
 use crate::types::ConnId;
+use crate::EngineError;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Longest `haven-producer` id, in bytes: ids are kept in memory and in every record.
@@ -68,7 +69,8 @@ pub(crate) struct Producers {
     /// (seen_ms, id) of every entry: oldest first, for forgetting.
     by_seen: BTreeSet<(u64, String)>,
     /// Producer id → the connection that most recently claimed it at CONNECT.
-    owners: HashMap<String, ConnId>,
+    /// Who owns each producer now: (connection, its `haven-session`).
+    owners: HashMap<String, (ConnId, u64)>,
     idle_ms_max: u64,
     producers_max: usize,
     duplicates_dropped_total: u64,
@@ -230,14 +232,23 @@ impl Producers {
     // ----------------------------------------------------------------------------------------
     // Fencing
 
-    /// `conn` CONNECTed with `haven-producer: id`: it owns `id` from now on.
-    pub fn claim(&mut self, id: &str, conn: ConnId) {
-        self.owners.insert(id.to_string(), conn);
+    /// `conn` CONNECTed with `haven-producer: id` and `haven-session: session` (0: none):
+    /// it owns `id` from now on, unless the current owner is a newer session of the same
+    /// client. A CONNECT held up in the network (a black-holed link that heals) arrives after
+    /// the client's live session and must not fence it; it gets an ERROR instead.
+    pub fn claim(&mut self, id: &str, conn: ConnId, session: u64) -> Result<(), EngineError> {
+        if let Some(&(owner, owner_session)) = self.owners.get(id) {
+            if session > 0 && owner_session > session && owner != conn {
+                return Err(EngineError::StaleSession(id.to_string()));
+            }
+        }
+        self.owners.insert(id.to_string(), (conn, session));
+        Ok(())
     }
 
     /// `conn`, which claimed `id`, is gone.
     pub fn release_claim(&mut self, id: &str, conn: ConnId) {
-        if self.owners.get(id) == Some(&conn) {
+        if self.owners.get(id).map(|o| o.0) == Some(conn) {
             self.owners.remove(id);
         }
     }
@@ -246,7 +257,7 @@ impl Producers {
     /// producer `id`: it claimed it, and a newer connection claimed it since (or claimed it
     /// and left: the old session's frames must still not slip in).
     pub fn taken_over(&self, id: &str, conn: ConnId, claimed: Option<&str>) -> bool {
-        claimed == Some(id) && self.owners.get(id) != Some(&conn)
+        claimed == Some(id) && self.owners.get(id).map(|o| o.0) != Some(conn)
     }
 
     // ----------------------------------------------------------------------------------------
@@ -347,8 +358,8 @@ mod tests {
     #[test]
     fn only_the_newest_claim_owns_a_producer() {
         let mut p = Producers::new(1_000, 2);
-        p.claim("a", 1);
-        p.claim("a", 2);
+        p.claim("a", 1, 0).unwrap();
+        p.claim("a", 2, 0).unwrap();
         assert!(p.taken_over("a", 1, Some("a")));
         assert!(!p.taken_over("a", 2, Some("a")));
         // A connection that never claimed it just deduplicates.
@@ -360,5 +371,27 @@ mod tests {
             p.taken_over("a", 1, Some("a")),
             "the old session stays fenced"
         );
+    }
+
+    #[test]
+    fn a_late_connect_of_an_older_session_cannot_take_the_producer() {
+        let mut p = Producers::new(1_000, 2);
+        p.claim("a", 1, 10).unwrap();
+        p.claim("a", 2, 12).unwrap(); // the client's newer session
+        assert!(matches!(
+            p.claim("a", 3, 11), // its CONNECT from an attempt that timed out, arriving late
+            Err(EngineError::StaleSession(_))
+        ));
+        assert!(
+            !p.taken_over("a", 2, Some("a")),
+            "the live session keeps it"
+        );
+        // Without a session number, the newest CONNECT wins as before.
+        p.claim("a", 4, 0).unwrap();
+        assert!(p.taken_over("a", 2, Some("a")));
+        // Once the owner is gone, any session may claim it.
+        p.release_claim("a", 4);
+        p.claim("a", 5, 1).unwrap();
+        assert!(!p.taken_over("a", 5, Some("a")));
     }
 }

@@ -352,7 +352,8 @@ fn durable_subscription_rules() {
         h.cmd(Command::Connect {
             conn: 3,
             client_id: Some("c".into()),
-            producer: None
+            producer: None,
+            session: 0,
         }),
         Err(EngineError::ClientIdInUse(_))
     ));

@@ -50,6 +50,7 @@ fn connect_as(h: &mut Harness, conn: ConnId, producer: &str) {
         conn,
         client_id: None,
         producer: Some(producer.into()),
+        session: 0,
     });
 }
 

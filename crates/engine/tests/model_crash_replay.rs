@@ -580,6 +580,7 @@ impl Model {
             conn: id,
             client_id: client_id.clone(),
             producer: claim.clone(),
+            session: 0,
         });
         if in_use {
             assert_eq!(

@@ -118,6 +118,7 @@ impl Harness {
             conn,
             client_id: client_id.map(str::to_string),
             producer: None,
+            session: 0,
         });
     }
 

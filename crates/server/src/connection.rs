@@ -208,6 +208,17 @@ async fn handshake(
             return None;
         }
     };
+    let session = match frame
+        .header("haven-session")
+        .map(str::parse::<u64>)
+        .transpose()
+    {
+        Ok(s) => s.unwrap_or(0),
+        Err(_) => {
+            write_error_and_close(writer, "haven-session must be a number").await;
+            return None;
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let (reply_tx, reply_rx) = oneshot::channel();
     if shared
@@ -216,6 +227,7 @@ async fn handshake(
             conn,
             client_id,
             producer: producer.clone(),
+            session,
             outbound: tx,
             reply: reply_tx,
         })

@@ -53,6 +53,8 @@ pub(crate) enum CoreMsg {
         /// once every record appended so far — the one that raised the mark among them — is
         /// durable, so the client may treat every seq up to it as stored.
         producer: Option<String>,
+        /// `haven-session` (0 when absent), see `Command::Connect`.
+        session: u64,
         outbound: mpsc::UnboundedSender<Outbound>,
         reply: ConnectReply,
     },
@@ -326,6 +328,7 @@ impl Core {
                 conn,
                 client_id,
                 producer,
+                session,
                 outbound,
                 reply,
             } => {
@@ -335,6 +338,7 @@ impl Core {
                         conn,
                         client_id,
                         producer: producer.clone(),
+                        session,
                     },
                     ctx,
                     &mut self.out,
@@ -779,6 +783,7 @@ mod tests {
                 conn: 1,
                 client_id: None,
                 producer: None,
+                session: 0,
                 outbound: tx,
                 reply: rtx,
             });
