@@ -15,6 +15,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub users: Vec<User>,
     pub cluster: ClusterConfig,
+    pub ha: HaConfig,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -163,6 +164,63 @@ pub struct ClusterConfig {
     /// Pushed announcements ask clients to reconnect to a randomly chosen member, so the load
     /// spreads. Requires `update_cluster_clients`.
     pub rebalance_cluster_clients: bool,
+}
+
+/// `[ha]`: how this broker shares its store with others (docs/HA.md).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HaConfig {
+    pub mode: HaMode,
+    /// shared-fs: 0 = slaves block on the lock (take over the instant it is free); above 0 =
+    /// slaves try the lock every this many ms (for file systems whose blocking locks are
+    /// unreliable).
+    pub lock_poll_ms: u64,
+    /// shared-fs: how often the master proves it still holds the lock and that no newer
+    /// master has bumped the epoch; it stops serving the moment it cannot.
+    pub keepalive_ms: u64,
+    /// shared-db: `postgres://user:password@host:port/dbname` (libpq key=value also works).
+    pub db_url: String,
+    /// shared-db: how long a lease lasts, timed by the database's clock.
+    pub lease_ms: u64,
+    /// shared-db: how often the master renews its lease.
+    pub renew_ms: u64,
+    /// shared-db: a master that has not renewed for `lease_ms - lease_margin_ms` (by its own
+    /// monotonic clock) stops serving, before the database can give the lease to another.
+    pub lease_margin_ms: u64,
+    /// shared-db: how often a slave checks whether the lease has expired (it takes over at
+    /// once, without waiting, when the master's database session ends).
+    pub poll_ms: u64,
+    /// shared-db: the longest one write to the database may take before the broker stops
+    /// (an unreachable database must not hold producers forever).
+    pub db_timeout_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum HaMode {
+    /// One broker on its own local journal (the default).
+    #[default]
+    Standalone,
+    /// The journal directory is on a shared file system, guarded by a lock file and an epoch.
+    SharedFs,
+    /// The store is PostgreSQL, guarded by a lease row and an epoch.
+    SharedDb,
+}
+
+impl Default for HaConfig {
+    fn default() -> Self {
+        HaConfig {
+            mode: HaMode::Standalone,
+            lock_poll_ms: 0,
+            keepalive_ms: 500,
+            db_url: String::new(),
+            lease_ms: 10_000,
+            renew_ms: 1_000,
+            lease_margin_ms: 3_000,
+            poll_ms: 500,
+            db_timeout_ms: 5_000,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -318,6 +376,38 @@ impl Config {
         }
         if s.header_bytes_max < 64 {
             return invalid("stomp.header_bytes_max", "must be at least 64".into());
+        }
+        let h = &self.ha;
+        if h.keepalive_ms == 0 {
+            return invalid(
+                "ha.keepalive_ms",
+                "must be at least 1: a master that never re-checks its lock can corrupt the store"
+                    .into(),
+            );
+        }
+        if h.mode == HaMode::SharedDb {
+            if h.db_url.is_empty() {
+                return invalid("ha.db_url", "required with mode = \"shared-db\"".into());
+            }
+            if h.renew_ms == 0 || h.poll_ms == 0 || h.db_timeout_ms == 0 {
+                return invalid(
+                    "ha.renew_ms",
+                    "renew_ms, poll_ms and db_timeout_ms must be at least 1".into(),
+                );
+            }
+            // The master must renew at least twice inside the time it trusts its lease, and a
+            // write must not outlast it: defaults that expire before renewal are refused.
+            let trusted = h.lease_ms.saturating_sub(h.lease_margin_ms);
+            if h.lease_margin_ms == 0 || trusted < 2 * h.renew_ms {
+                return invalid(
+                    "ha.lease_ms",
+                    format!(
+                        "lease_ms - lease_margin_ms ({trusted}) must be at least twice renew_ms \
+                         ({}), and lease_margin_ms above 0",
+                        h.renew_ms
+                    ),
+                );
+            }
         }
         let j = &self.journal;
         if j.segment_bytes < 1024 * 1024 {

@@ -136,6 +136,8 @@ pub(crate) struct Core {
     paging: bool,
     /// A failure the engine met (a paged-out message could not be read back): stop.
     fatal: Option<String>,
+    /// Shared-store modes: set when mastership is lost (see `crate::ha`).
+    lost: Option<watch::Receiver<Option<String>>>,
     /// Record bytes appended since start, and (last LSN, total then) per loop round not yet
     /// durable: what `UNSYNCED_BYTES_MAX` measures.
     appended_bytes: u64,
@@ -179,12 +181,29 @@ fn receipt_of(cmd: &Command) -> Option<String> {
     }
 }
 
+/// Resolves with the reason once mastership is lost; never, outside the shared-store modes
+/// (or once the sender is gone, which only happens as the broker stops anyway).
+async fn lost_mastership(lost: &mut Option<watch::Receiver<Option<String>>>) -> String {
+    let Some(rx) = lost else {
+        return std::future::pending().await;
+    };
+    let reason = match rx.wait_for(|l| l.is_some()).await {
+        Ok(reason) => reason.clone(),
+        Err(_) => None,
+    };
+    match reason {
+        Some(reason) => reason,
+        None => std::future::pending().await,
+    }
+}
+
 impl Core {
     pub fn new(
         mut engine: Engine,
         journal: Box<dyn DurableLog>,
         limits: CoreLimits,
         clock: Arc<dyn Clock>,
+        lost: Option<watch::Receiver<Option<String>>>,
     ) -> Core {
         let durable = journal.durable_lsn().unwrap_or(0);
         engine.set_durable_lsn(durable + 1);
@@ -204,6 +223,7 @@ impl Core {
             disk_block: None,
             paging: false,
             fatal: None,
+            lost,
             appended_bytes: 0,
             appended_marks: VecDeque::new(),
             synced_bytes: 0,
@@ -221,9 +241,12 @@ impl Core {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut redelivery = tokio::time::interval(Duration::from_millis(REDELIVERY_TICK_MS));
         redelivery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut lost = self.lost.take();
         let result = loop {
             tokio::select! {
                 biased;
+                // First: a broker that is no longer master must not write another record.
+                reason = lost_mastership(&mut lost) => break Err(ServerError::Fenced(reason)),
                 changed = durable_rx.changed() => {
                     if changed.is_err() {
                         break Err(ServerError::JournalFailed("journal writer stopped".into()));

@@ -20,4 +20,7 @@ pub enum ServerError {
     /// A write or fsync failed: the broker stops (fsync errors cannot be retried safely).
     #[error("journal failed, broker stopped: {0}")]
     JournalFailed(String),
+    /// Shared-store modes: this broker can no longer prove it is master; it stopped at once.
+    #[error("no longer master, stopped serving: {0}")]
+    Fenced(String),
 }

@@ -8,6 +8,7 @@ pub mod config;
 mod connection;
 mod core;
 mod error;
+pub mod ha;
 mod loader;
 mod lock;
 pub mod log;
@@ -16,8 +17,9 @@ mod store_id;
 
 pub use clock::{Clock, SystemClock};
 pub use cluster::{ClusterChange, ClusterError, ClusterHandle};
-pub use config::{ClusterConfig, Config};
+pub use config::{ClusterConfig, Config, HaConfig, HaMode};
 pub use error::ServerError;
+pub use ha::{Mastership, Role, SharedStore};
 pub use log::{DurableLog, LogStore, OnRecord};
 pub use net::{Accepted, Listener, Network, TcpNetwork};
 
@@ -59,6 +61,9 @@ pub struct Env {
     pub log: Box<dyn LogStore>,
     /// Announced as `haven-store` in CONNECTED: names the store message ids are unique in.
     pub store_id: String,
+    /// Shared-store modes: becomes `Some(reason)` when this broker may no longer write to the
+    /// store (lock lost, newer epoch, lease expired); the broker stops at once.
+    pub lost: Option<watch::Receiver<Option<String>>>,
 }
 
 fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineConfig {
@@ -167,6 +172,7 @@ impl Server {
                 faults,
             }),
             store_id,
+            lost: None,
         };
         let mut server = Server::start_with(config, env).await?;
         server._lock = Some(lock);
@@ -183,6 +189,7 @@ impl Server {
             clock,
             log,
             store_id,
+            lost,
         } = env;
         let boot_id = clock.now_ms();
         let record_bytes_max = log.record_bytes_max();
@@ -237,7 +244,7 @@ impl Server {
             disk_free_bytes_min: config.limits.disk_free_bytes_min,
             memory_bytes_max: config.limits.memory_bytes_max,
         };
-        let core = Core::new(engine, journal, limits, clock);
+        let core = Core::new(engine, journal, limits, clock, lost);
         let core = tokio::spawn(core.run(core_rx, stop_rx.clone(), maintenance));
         let cluster = ClusterHandle::new(config.cluster.clone());
         let shared = Arc::new(Shared {

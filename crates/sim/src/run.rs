@@ -318,6 +318,7 @@ pub fn run(cfg: &SimConfig) -> Outcome {
                     clock: Arc::new(clock),
                     log: disk.store(),
                     store_id: format!("sim-{name}"),
+                    lost: None,
                 };
                 let server = Server::start_with(broker_config(), env).await?;
                 trace.add(format_args!("{name} serving"));
