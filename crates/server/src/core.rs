@@ -800,7 +800,7 @@ mod tests {
                 memory_bytes_max: u64::MAX,
             };
             let clock = Arc::new(crate::clock::SystemClock);
-            let mut core = Core::new(engine, journal, limits, clock);
+            let mut core = Core::new(engine, journal, limits, clock, None);
             let (rtx, _rrx) = oneshot::channel();
             core.on_msg(CoreMsg::Connect {
                 conn: 1,
