@@ -18,6 +18,23 @@ pub const SEGMENT_BYTES_MIN: u64 = 4096;
 /// Largest segment accepted: 1 GiB, so record lengths stay far inside `u32`.
 pub const SEGMENT_BYTES_MAX: u64 = 1024 * 1024 * 1024;
 
+/// A check the writer makes before every write: `Err(reason)` when this process may no longer
+/// write the journal (shared-store master/slave: a newer master exists). The failure is sticky.
+#[derive(Clone)]
+pub struct Fence(pub std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl Fence {
+    pub fn check(&self) -> Result<(), String> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fence")
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct JournalConfig {
     /// Directory holding the segment files; created by `Journal::open` if missing. One journal per
@@ -28,6 +45,12 @@ pub struct JournalConfig {
     /// Most bytes written per write + fdatasync batch (a single larger record is written alone).
     /// Default 4 MiB.
     pub batch_bytes_max: usize,
+    /// The epoch of the master writing (shared journal directory); 0 for a standalone broker.
+    /// Opening with an epoch older than one already in the journal fails (`StaleEpoch`); with a
+    /// newer one, the journal starts a new segment stamped with it.
+    pub epoch: u32,
+    /// Checked before every write (see `Fence`).
+    pub fence: Option<Fence>,
 }
 
 impl JournalConfig {
@@ -37,6 +60,8 @@ impl JournalConfig {
             dir: dir.into(),
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+            epoch: 0,
+            fence: None,
         }
     }
 

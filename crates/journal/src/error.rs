@@ -34,6 +34,9 @@ pub enum JournalError {
     /// The writer thread failed (see `JournalFailure`).
     #[error("journal writer failed: {0}")]
     Failed(JournalFailure),
+    /// Shared journal directory: a newer master has written this journal; this one is deposed.
+    #[error("journal was written by a newer master (epoch {found}); this broker's epoch {mine} is stale")]
+    StaleEpoch { mine: u32, found: u32 },
     #[error("journal writer thread panicked")]
     WriterPanicked,
     /// `Reader::read`: no segment file holds this LSN. Either it was released (its segment was

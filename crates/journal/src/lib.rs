@@ -34,7 +34,7 @@ use std::thread::JoinHandle;
 use tokio::sync::watch;
 
 pub use config::{
-    JournalConfig, BATCH_BYTES_MAX_DEFAULT, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MAX,
+    Fence, JournalConfig, BATCH_BYTES_MAX_DEFAULT, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MAX,
     SEGMENT_BYTES_MIN,
 };
 pub use error::{JournalError, JournalFailure};
@@ -140,6 +140,8 @@ impl Journal {
             zeros: writer::zeros(),
             batch: Vec::new(),
             failed: false,
+            epoch: config.epoch,
+            fence: config.fence.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("haven-journal-writer".to_string())

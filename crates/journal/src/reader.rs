@@ -322,7 +322,8 @@ impl Reader {
         }
         let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
         file.read_exact_at(&mut header, 0).map_err(io)?;
-        let header_base = decode_header(&header).map_err(|reason| corrupt(&path, 0, reason))?;
+        let (header_base, _epoch) =
+            decode_header(&header).map_err(|reason| corrupt(&path, 0, reason))?;
         if header_base != base {
             return Err(corrupt(
                 &path,

@@ -93,7 +93,7 @@ pub(crate) fn recover(
 
     if segment_files.is_empty() {
         info!(dir = %dir.display(), "journal: empty directory, creating first segment");
-        let active = create_segment(dir, config.segment_bytes, ops, 1)?;
+        let active = create_segment(dir, config.segment_bytes, ops, 1, config.epoch)?;
         return Ok(Recovered {
             segments: vec![SegmentInfo {
                 base_lsn: 1,
@@ -111,9 +111,11 @@ pub(crate) fn recover(
     let count = segment_files.len();
     let mut active = None;
     let mut next_lsn = 0;
+    // (epoch, segment) of the newest epoch seen so far.
+    let mut newest: Option<(u32, PathBuf)> = None;
     for (i, (name_base, path)) in segment_files.into_iter().enumerate() {
         let last = i + 1 == count;
-        let (seg, end_lsn) = recover_segment(
+        let (seg, end_lsn, epoch) = recover_segment(
             config,
             ops,
             &path,
@@ -122,6 +124,22 @@ pub(crate) fn recover(
             expected.as_ref(),
             on_record,
         )?;
+        if let Some((newer, newer_path)) = &newest {
+            if epoch < *newer {
+                return Err(corrupt(
+                    &path,
+                    0,
+                    format!(
+                        "written by the master of epoch {epoch} after {} was written by the \
+                         master of epoch {newer}: two masters wrote this journal",
+                        newer_path.display()
+                    ),
+                ));
+            }
+        }
+        if newest.as_ref().is_none_or(|(e, _)| epoch > *e) {
+            newest = Some((epoch, path.clone()));
+        }
         segments.push(SegmentInfo {
             base_lsn: name_base,
             end_lsn,
@@ -134,7 +152,42 @@ pub(crate) fn recover(
             active = Some(seg);
         }
     }
-    let active = active.expect("at least one segment");
+    let mut active = active.expect("at least one segment");
+    let (last_epoch, _) = newest.expect("at least one segment");
+    if config.epoch < last_epoch {
+        return Err(JournalError::StaleEpoch {
+            mine: config.epoch,
+            found: last_epoch,
+        });
+    }
+    if config.epoch > last_epoch {
+        // A new master: its records go in a segment of their own, so that anything a deposed
+        // master might still write lands in the old segment, where the next recovery finds
+        // it overlapping the new one (or, for a new segment of its own, the epochs out of
+        // order) and refuses to start rather than interleave two masters' records.
+        let last = segments.last_mut().expect("at least one segment");
+        if last.end_lsn == last.base_lsn {
+            ops.write_at(&active.file, &encode_header(last.base_lsn, config.epoch), 0)
+                .map_err(|e| JournalError::io(&active.path, e))?;
+            ops.sync_data(&active.file)
+                .map_err(|e| JournalError::io(&active.path, e))?;
+        } else {
+            last.sealed = true;
+            let spare = Spare::create_sparse(ops, dir, config.segment_bytes)
+                .map_err(|(_, e)| JournalError::io(dir, e))?;
+            active = spare
+                .into_segment(ops, dir, next_lsn, config.epoch)
+                .map_err(|(_, p, e)| JournalError::io(p, e))?;
+            segments.push(SegmentInfo {
+                base_lsn: next_lsn,
+                end_lsn: next_lsn,
+                bytes: active.write_pos,
+                sealed: false,
+            });
+        }
+        info!(dir = %dir.display(), epoch = config.epoch, previous = last_epoch,
+            "journal: new master epoch; its records start a new segment");
+    }
     info!(
         dir = %dir.display(),
         segments = segments.len(),
@@ -154,6 +207,7 @@ fn create_segment(
     segment_bytes: u64,
     ops: &dyn FileOps,
     base_lsn: Lsn,
+    epoch: u32,
 ) -> Result<ActiveSegment, JournalError> {
     let mut spare = Spare::create(dir, segment_bytes).map_err(|e| JournalError::io(dir, e))?;
     let zeros = vec![0u8; ZERO_CHUNK_BYTES];
@@ -161,7 +215,7 @@ fn create_segment(
         .finish(ops, &zeros)
         .map_err(|(_, e)| JournalError::io(spare.path(), e))?;
     spare
-        .into_segment(ops, dir, base_lsn)
+        .into_segment(ops, dir, base_lsn, epoch)
         .map_err(|(_, p, e)| JournalError::io(p, e))
 }
 
@@ -173,7 +227,7 @@ fn corrupt(segment: &Path, offset: u64, reason: impl Into<String>) -> JournalErr
     }
 }
 
-/// Recovers one segment; returns it (positioned for appending) and its end LSN.
+/// Recovers one segment; returns it (positioned for appending), its end LSN and its epoch.
 fn recover_segment(
     config: &JournalConfig,
     ops: &dyn FileOps,
@@ -182,7 +236,7 @@ fn recover_segment(
     last: bool,
     expected: Option<&(Lsn, PathBuf)>,
     on_record: &mut OnRecord<'_>,
-) -> Result<(ActiveSegment, Lsn), JournalError> {
+) -> Result<(ActiveSegment, Lsn, u32), JournalError> {
     let io = |e| JournalError::io(path, e);
     let file = OpenOptions::new()
         .read(true)
@@ -224,11 +278,11 @@ fn recover_segment(
             ));
         }
         warn!(path = %path.display(), "journal: last segment has a zero header; rewriting it as empty");
-        ops.write_at(&file, &encode_header(name_base), 0)
+        ops.write_at(&file, &encode_header(name_base, config.epoch), 0)
             .map_err(io)?;
         let mut seg = active_segment(file, path, name_base, file_len, SEGMENT_HEADER_BYTES);
         zero_tail(ops, &mut seg, config.segment_bytes).map_err(io)?;
-        return Ok((seg, name_base));
+        return Ok((seg, name_base, config.epoch));
     }
     if header_len < SEGMENT_HEADER_BYTES as usize {
         return Err(corrupt(
@@ -237,7 +291,7 @@ fn recover_segment(
             format!("segment shorter ({file_len} bytes) than its header"),
         ));
     }
-    let base = decode_header(&header).map_err(|reason| corrupt(path, 0, reason))?;
+    let (base, epoch) = decode_header(&header).map_err(|reason| corrupt(path, 0, reason))?;
     if base != name_base {
         return Err(corrupt(
             path,
@@ -331,7 +385,7 @@ fn recover_segment(
     if last {
         zero_tail(ops, &mut seg, config.segment_bytes).map_err(io)?;
     }
-    Ok((seg, lsn))
+    Ok((seg, lsn, epoch))
 }
 
 fn active_segment(file: File, path: &Path, base: Lsn, file_len: u64, pos: u64) -> ActiveSegment {

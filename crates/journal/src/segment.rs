@@ -5,9 +5,14 @@
 //! extent metadata on ext4/xfs). It starts with a 24-byte header:
 //!
 //! ```text
-//! [8 magic "HAVENJ01"][u64 base_lsn][u32 reserved = 0][u32 crc32c over the first 20 bytes]
+//! [8 magic "HAVENJ01"][u64 base_lsn][u32 epoch][u32 crc32c over the first 20 bytes]
 //! ```
 //! followed by records back to back (see `record.rs`); a zero `len` ends the log in the segment.
+//!
+//! `epoch` names the master that wrote the segment when brokers share the journal directory
+//! (0 for a standalone broker, and in files written before epochs existed, whose bytes there are
+//! zero). A new master starts a new segment, so every segment is written by one master and the
+//! epochs of consecutive segments never decrease; recovery refuses a journal where they do.
 //!
 //! The writer keeps one spare prepared ahead of need, named `spare.tmp`: it is zero-filled a
 //! chunk at a time between batches and fsynced once complete. Rolling over writes the header
@@ -42,18 +47,19 @@ pub fn parse_segment_file_name(name: &str) -> Option<Lsn> {
     digits.parse().ok()
 }
 
-pub fn encode_header(base_lsn: Lsn) -> [u8; SEGMENT_HEADER_BYTES as usize] {
+pub fn encode_header(base_lsn: Lsn, epoch: u32) -> [u8; SEGMENT_HEADER_BYTES as usize] {
     let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
     h[0..8].copy_from_slice(SEGMENT_MAGIC);
     h[8..16].copy_from_slice(&base_lsn.to_le_bytes());
+    h[16..20].copy_from_slice(&epoch.to_le_bytes());
     let crc = crc32c::crc32c(&h[0..20]);
     h[20..24].copy_from_slice(&crc.to_le_bytes());
-    debug_assert_eq!(decode_header(&h), Ok(base_lsn));
+    debug_assert_eq!(decode_header(&h), Ok((base_lsn, epoch)));
     h
 }
 
-/// The base LSN in a segment header, or why the header is invalid.
-pub fn decode_header(h: &[u8; SEGMENT_HEADER_BYTES as usize]) -> Result<Lsn, String> {
+/// The base LSN and epoch in a segment header, or why the header is invalid.
+pub fn decode_header(h: &[u8; SEGMENT_HEADER_BYTES as usize]) -> Result<(Lsn, u32), String> {
     if &h[0..8] != SEGMENT_MAGIC {
         return Err(format!("bad segment magic {:?}", &h[0..8]));
     }
@@ -61,10 +67,8 @@ pub fn decode_header(h: &[u8; SEGMENT_HEADER_BYTES as usize]) -> Result<Lsn, Str
     if crc32c::crc32c(&h[0..20]) != crc {
         return Err("segment header CRC mismatch".to_string());
     }
-    if h[16..20] != [0; 4] {
-        return Err("segment header reserved bytes not zero".to_string());
-    }
-    Ok(u64::from_le_bytes(h[8..16].try_into().unwrap()))
+    let epoch = u32::from_le_bytes(h[16..20].try_into().unwrap());
+    Ok((u64::from_le_bytes(h[8..16].try_into().unwrap()), epoch))
 }
 
 /// The segment the writer appends to.
@@ -96,6 +100,25 @@ pub struct Spare {
 }
 
 impl Spare {
+    /// A spare whose zeros are a hole (`set_len`) rather than written: ready at once. Used for
+    /// the first segment of a new master, so a takeover does not wait to write a whole segment
+    /// of zeros; its fdatasyncs may cost a little more (extent updates) until the next roll.
+    pub fn create_sparse(
+        ops: &dyn FileOps,
+        dir: &Path,
+        target_bytes: u64,
+    ) -> Result<Spare, (&'static str, std::io::Error)> {
+        let mut spare = Spare::create(dir, target_bytes).map_err(|e| ("create", e))?;
+        spare
+            .file
+            .set_len(target_bytes)
+            .map_err(|e| ("set_len", e))?;
+        ops.sync_all(&spare.file).map_err(|e| ("fsync", e))?;
+        spare.filled_bytes = target_bytes;
+        spare.synced = true;
+        Ok(spare)
+    }
+
     pub fn create(dir: &Path, target_bytes: u64) -> std::io::Result<Spare> {
         let path = dir.join(SPARE_FILE_NAME);
         let file = OpenOptions::new()
@@ -164,9 +187,10 @@ impl Spare {
         ops: &dyn FileOps,
         dir: &Path,
         base_lsn: Lsn,
+        epoch: u32,
     ) -> Result<ActiveSegment, (&'static str, PathBuf, std::io::Error)> {
         assert!(self.synced, "spare is complete before it becomes a segment");
-        let header = encode_header(base_lsn);
+        let header = encode_header(base_lsn, epoch);
         ops.write_at(&self.file, &header, 0)
             .map_err(|e| ("write", self.path.clone(), e))?;
         ops.sync_data(&self.file)
@@ -192,8 +216,8 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_detects_damage() {
-        let h = encode_header(42);
-        assert_eq!(decode_header(&h), Ok(42));
+        let h = encode_header(42, 7);
+        assert_eq!(decode_header(&h), Ok((42, 7)));
         for i in 0..h.len() {
             let mut d = h;
             d[i] ^= 0x10;

@@ -73,6 +73,10 @@ pub(crate) struct Writer {
     pub zeros: Vec<u8>,
     pub batch: Vec<u8>,
     pub failed: bool,
+    /// Written into the header of every segment this writer starts.
+    pub epoch: u32,
+    /// Checked before every write: a deposed master writes nothing more.
+    pub fence: Option<crate::Fence>,
 }
 
 type Failure = JournalFailure;
@@ -185,6 +189,13 @@ impl Writer {
                 i += total;
                 last_lsn = Some(h.lsn);
             }
+            if let Some(fence) = &self.fence {
+                fence.check().map_err(|message| JournalFailure {
+                    op: "fence",
+                    path: self.dir.clone(),
+                    message,
+                })?;
+            }
             match last_lsn {
                 Some(lsn) => {
                     let seg = &mut self.active;
@@ -242,7 +253,7 @@ impl Writer {
             .finish(&*self.ops, &self.zeros)
             .map_err(|(op, e)| failure(op, spare.path(), e))?;
         let segment = spare
-            .into_segment(&*self.ops, &self.dir, base_lsn)
+            .into_segment(&*self.ops, &self.dir, base_lsn, self.epoch)
             .map_err(|(op, path, e)| failure(op, &path, e))?;
         {
             let mut segments = self.shared.segments.lock().unwrap();

@@ -15,6 +15,8 @@ pub fn config(dir: &Path, segment_bytes: u64) -> JournalConfig {
         dir: dir.to_path_buf(),
         segment_bytes,
         batch_bytes_max: 1024 * 1024,
+        epoch: 0,
+        fence: None,
     }
 }
 
