@@ -13,10 +13,11 @@ mod send;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
-use haven_server::{Config, Server};
+use haven_server::{run_shared, Config, HaMode, Role, Server, SharedFsStore, SharedStore};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -138,6 +139,9 @@ async fn run(
     if let Some(dir) = data {
         cfg.journal.dir = dir;
     }
+    if cfg.ha.mode != HaMode::Standalone {
+        return run_shared_store(cfg).await;
+    }
     let server = match Server::start(cfg).await {
         Ok(s) => s,
         Err(e) => {
@@ -161,6 +165,39 @@ async fn run(
         let _ = stopper.send(true);
     });
     match server.wait().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("haven: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `[ha] mode = "shared-fs"` (or `"shared-db"`): wait as a slave, serve as master, step down
+/// when mastership is lost, until SIGTERM/SIGINT.
+async fn run_shared_store(cfg: Config) -> ExitCode {
+    let store: Arc<dyn SharedStore> = match cfg.ha.mode {
+        HaMode::SharedFs => Arc::new(SharedFsStore::new(&cfg)),
+        HaMode::SharedDb => {
+            eprintln!("haven: [ha] mode = \"shared-db\" is not built yet");
+            return ExitCode::from(2);
+        }
+        HaMode::Standalone => unreachable!("standalone runs Server::start"),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (role_tx, _role_rx) = tokio::sync::watch::channel(Role::Slave);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("stopping on signal");
+        let _ = stop_tx.send(true);
+    });
+    match run_shared(cfg, store, stop_rx, role_tx).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("haven: {e}");

@@ -281,7 +281,7 @@ fn recover_segment(
         ops.write_at(&file, &encode_header(name_base, config.epoch), 0)
             .map_err(io)?;
         let mut seg = active_segment(file, path, name_base, file_len, SEGMENT_HEADER_BYTES);
-        zero_tail(ops, &mut seg, config.segment_bytes).map_err(io)?;
+        zero_tail(ops, &mut seg, config.segment_bytes, false).map_err(io)?;
         return Ok((seg, name_base, config.epoch));
     }
     if header_len < SEGMENT_HEADER_BYTES as usize {
@@ -343,7 +343,8 @@ fn recover_segment(
     };
     drop(reader);
 
-    match stop {
+    let mut tail_nonzero = true;
+    match &stop {
         Stop::End if !last => {}
         Stop::Bad(reason) if !last => {
             return Err(corrupt(path, pos, format!("{reason} in a sealed segment")));
@@ -356,6 +357,7 @@ fn recover_segment(
             // The damaged record itself must not be found again: start one byte later.
             let from = if bad.is_some() { pos + 1 } else { pos };
             let scan = scan_for_valid(&file, from, file_len, lsn).map_err(io)?;
+            tail_nonzero = scan.nonzero;
             if let Some((offset, found)) = scan.valid {
                 let what = bad.as_deref().unwrap_or("end-of-log marker (zero length)");
                 return Err(corrupt(
@@ -383,7 +385,9 @@ fn recover_segment(
 
     let mut seg = active_segment(file, path, base, file_len, pos);
     if last {
-        zero_tail(ops, &mut seg, config.segment_bytes).map_err(io)?;
+        // The scan above read the whole tail already when it found nothing but zeros there.
+        let tail_zero = matches!(stop, Stop::End) && !tail_nonzero;
+        zero_tail(ops, &mut seg, config.segment_bytes, tail_zero).map_err(io)?;
     }
     Ok((seg, lsn, epoch))
 }
@@ -404,10 +408,12 @@ fn zero_tail(
     ops: &dyn FileOps,
     seg: &mut ActiveSegment,
     segment_bytes: u64,
+    known_zero: bool,
 ) -> std::io::Result<()> {
     let target = seg.capacity_bytes.max(segment_bytes);
-    let scan = scan_for_valid(&seg.file, seg.write_pos, seg.capacity_bytes, Lsn::MAX)?;
-    if !scan.nonzero && target == seg.capacity_bytes {
+    let nonzero = !known_zero
+        && scan_for_valid(&seg.file, seg.write_pos, seg.capacity_bytes, Lsn::MAX)?.nonzero;
+    if !nonzero && target == seg.capacity_bytes {
         return Ok(());
     }
     let zeros = vec![0u8; ZERO_CHUNK_BYTES];

@@ -13,15 +13,17 @@ mod loader;
 mod lock;
 pub mod log;
 pub mod net;
+mod shared_fs;
 mod store_id;
 
 pub use clock::{Clock, SystemClock};
 pub use cluster::{ClusterChange, ClusterError, ClusterHandle};
 pub use config::{ClusterConfig, Config, HaConfig, HaMode};
 pub use error::ServerError;
-pub use ha::{Mastership, Role, SharedStore};
+pub use ha::{run_shared, Mastership, Role, SharedStore};
 pub use log::{DurableLog, LogStore, OnRecord};
 pub use net::{Accepted, Listener, Network, TcpNetwork};
+pub use shared_fs::SharedFsStore;
 
 use crate::connection::Shared;
 use crate::core::Core;
