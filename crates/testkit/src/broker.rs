@@ -43,6 +43,10 @@ pub struct BrokerOpts {
     /// it running. Every start checks this (`/proc/<pid>/exe` is the binary) and fails with
     /// [`TestkitError::WrapperKeptPid`] otherwise.
     pub wrapper: Vec<String>,
+    /// Names the log and config files (`<name>.log` beside the data directory); `None`: the
+    /// data directory's name. Brokers sharing one data directory (shared-fs master/slave) need
+    /// names of their own.
+    pub name: Option<String>,
 }
 
 impl BrokerOpts {
@@ -58,6 +62,7 @@ impl BrokerOpts {
             extra_args: Vec::new(),
             config_toml: None,
             wrapper: Vec::new(),
+            name: None,
         }
     }
 }
@@ -75,6 +80,12 @@ pub struct BrokerProcess {
 impl BrokerProcess {
     /// Spawns the broker and waits (at most [`READY_TIMEOUT_MS`]) until it answers CONNECT.
     pub fn start(opts: BrokerOpts) -> Result<BrokerProcess, TestkitError> {
+        let mut broker = BrokerProcess::start_inner(opts)?;
+        broker.spawn_and_wait()?;
+        Ok(broker)
+    }
+
+    fn start_inner(opts: BrokerOpts) -> Result<BrokerProcess, TestkitError> {
         std::fs::create_dir_all(&opts.data_dir)
             .map_err(io(format!("create {}", opts.data_dir.display())))?;
         let parent = opts
@@ -82,11 +93,12 @@ impl BrokerProcess {
             .parent()
             .unwrap_or(Path::new("."))
             .to_path_buf();
-        let name = opts
-            .data_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "haven".to_string());
+        let name = opts.name.clone().unwrap_or_else(|| {
+            opts.data_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "haven".to_string())
+        });
         let log_path = parent.join(format!("{name}.log"));
         let config_path = match &opts.config_toml {
             Some(toml) => {
@@ -96,15 +108,29 @@ impl BrokerProcess {
             }
             None => None,
         };
-        let mut broker = BrokerProcess {
+        Ok(BrokerProcess {
             opts,
             child: None,
             log_path,
             config_path,
             starts: 0,
-        };
-        broker.spawn_and_wait()?;
+        })
+    }
+
+    /// Spawns the broker without waiting for it to serve: a shared-store slave serves only
+    /// once it becomes master. [`BrokerProcess::wait_ready`] waits for that.
+    pub fn spawn(opts: BrokerOpts) -> Result<BrokerProcess, TestkitError> {
+        let mut broker = BrokerProcess::start_inner(opts)?;
+        broker.spawn_only()?;
         Ok(broker)
+    }
+
+    /// Starts the process again (after `kill9` or `stop`) without waiting for it to serve.
+    pub fn respawn(&mut self) -> Result<(), TestkitError> {
+        if self.is_running() {
+            self.stop()?;
+        }
+        self.spawn_only()
     }
 
     /// Starts the broker again on the same data directory, address and config, stopping the
@@ -117,6 +143,11 @@ impl BrokerProcess {
     }
 
     fn spawn_and_wait(&mut self) -> Result<(), TestkitError> {
+        self.spawn_only()?;
+        self.wait_ready()
+    }
+
+    fn spawn_only(&mut self) -> Result<(), TestkitError> {
         assert!(
             self.child.is_none() || !self.is_running(),
             "spawn over a running broker"
@@ -153,10 +184,6 @@ impl BrokerProcess {
             .spawn()
             .map_err(io(format!("spawn {}", self.opts.bin.display())))?;
         self.child = Some(child);
-        self.wait_ready()?;
-        if !self.opts.wrapper.is_empty() {
-            self.check_wrapper_execed()?;
-        }
         Ok(())
     }
 
@@ -183,7 +210,16 @@ impl BrokerProcess {
         Ok(())
     }
 
-    fn wait_ready(&mut self) -> Result<(), TestkitError> {
+    /// Waits (at most [`READY_TIMEOUT_MS`]) until the broker answers CONNECT.
+    pub fn wait_ready(&mut self) -> Result<(), TestkitError> {
+        self.wait_ready_inner()?;
+        if !self.opts.wrapper.is_empty() {
+            self.check_wrapper_execed()?;
+        }
+        Ok(())
+    }
+
+    fn wait_ready_inner(&mut self) -> Result<(), TestkitError> {
         let start = Instant::now();
         let deadline = start + Duration::from_millis(READY_TIMEOUT_MS);
         loop {

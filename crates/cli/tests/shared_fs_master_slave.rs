@@ -1,0 +1,343 @@
+//! Shared file system master/slave with real `haven` processes: brokers share one journal
+//! directory (`[ha] mode = "shared-fs"`), one holds the lock and serves, the others wait.
+//!
+//! 1. The master is killed with `kill -9` again and again under load; each time a slave takes
+//!    over, and the killed broker is started again and rejoins as a slave (failback needs no
+//!    operator). Exactly once holds across every takeover: the brokers share the store, so the
+//!    producer sequence drops resends the dead master already stored, and nothing receipted is
+//!    lost.
+//! 2. Three brokers, the master killed twice in a row (the second new master dies before the
+//!    first is back), then both rejoin and the third master is killed too.
+//! 3. Fencing: a master that finds a newer epoch in the epoch file (what it sees when another
+//!    broker took the lock from it, e.g. after an NFS lease expired while it was frozen) stops
+//!    serving without writing a single record, and a waiting slave takes over.
+//!
+//! Kill intervals are random but seeded (printed; HAVEN_SHARED_SEED replays them).
+
+#[path = "support/traffic.rs"]
+mod traffic;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use haven_client::{ConnectOptions, Connection};
+use haven_testkit::{
+    free_addr, stomp_connect_probe, BrokerOpts, BrokerProcess, Duplicates, SendOutcome,
+};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tokio::sync::Mutex;
+use traffic::*;
+
+const QUEUE: &str = "/queue/shared-fs";
+/// Bounds on how long the master serves between kills.
+const KILL_AFTER_MS: std::ops::Range<u64> = 200..800;
+/// Bound on a slave becoming master after the master died.
+const TAKEOVER_WAIT_MS: u64 = 30_000;
+/// How long a probe waits for CONNECTED from a broker.
+const PROBE_TIMEOUT_MS: u64 = 500;
+
+fn shared_config(name: &str) -> String {
+    format!("[broker]\nname = \"{name}\"\n\n[ha]\nmode = \"shared-fs\"\n")
+}
+
+/// `n` brokers on one shared directory: the first is master when this returns, the others
+/// are started as slaves.
+fn start_group(dir: &std::path::Path, n: usize) -> Vec<BrokerProcess> {
+    let shared = dir.join("shared");
+    (0..n)
+        .map(|i| {
+            let name = format!("b{i}");
+            let mut opts = BrokerOpts::new(env!("CARGO_BIN_EXE_haven"), &shared, free_addr());
+            opts.config_toml = Some(shared_config(&name));
+            opts.name = Some(name);
+            if i == 0 {
+                BrokerProcess::start(opts).expect("first broker becomes master")
+            } else {
+                BrokerProcess::spawn(opts).expect("slave starts")
+            }
+        })
+        .collect()
+}
+
+/// The brokers that answer CONNECT right now (slaves do not listen).
+fn serving(brokers: &mut [BrokerProcess]) -> Vec<usize> {
+    (0..brokers.len())
+        .filter(|&i| {
+            brokers[i].is_running()
+                && matches!(
+                    stomp_connect_probe(brokers[i].addr(), Duration::from_millis(PROBE_TIMEOUT_MS)),
+                    Ok(c) if c == "CONNECTED"
+                )
+        })
+        .collect()
+}
+
+/// Waits until exactly one broker serves, and returns it. Two serving at once fails the test.
+fn wait_master(brokers: &mut [BrokerProcess]) -> usize {
+    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
+    loop {
+        let s = serving(brokers);
+        assert!(
+            s.len() <= 1,
+            "two brokers serve the same store at once: {s:?}"
+        );
+        if let [m] = s[..] {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "no slave took over");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many times a broker became master, from its log.
+fn terms(b: &BrokerProcess) -> usize {
+    std::fs::read_to_string(b.log_path())
+        .unwrap_or_default()
+        .matches("took the lock: master of epoch")
+        .count()
+}
+
+fn logs(brokers: &[BrokerProcess]) -> String {
+    brokers
+        .iter()
+        .map(|b| format!("--- {} ---\n{}", b.log_path().display(), b.log_tail()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn master_killed_repeatedly_under_load_slaves_take_over_exactly_once() {
+    const KILLS: usize = 5;
+    let seed = seed("HAVEN_SHARED_SEED");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let brokers = start_group(dir.path(), 2);
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let mut t = Traffic::start(&uri, QUEUE).await;
+    let (producer, history) = (t.producer.clone(), t.history.clone());
+    let pipelined: Vec<_> = (0..2)
+        .map(|p| {
+            spawn_pipelined_producer(
+                producer.clone(),
+                QUEUE,
+                p,
+                history.clone(),
+                t.stop_producers.clone(),
+            )
+        })
+        .collect();
+    for _ in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
+        let brokers = brokers.clone();
+        blocking(move || {
+            let mut b = brokers.blocking_lock();
+            let master = wait_master(&mut b);
+            b[master].kill9().expect("kill -9");
+            let next = wait_master(&mut b);
+            assert_ne!(next, master);
+            // The old master rejoins as a slave.
+            b[master].respawn().expect("respawn");
+        })
+        .await;
+    }
+    t.stop_producers().await;
+    let mut pipelined_ids = Vec::new();
+    for p in pipelined {
+        pipelined_ids.extend(p.await.expect("pipelined producer task"));
+    }
+    let stats = producer.stats();
+    producer
+        .disconnect()
+        .await
+        .expect("every pipelined SEND is confirmed before disconnect returns");
+    for id in &pipelined_ids {
+        history.outcome(id, SendOutcome::Receipted);
+    }
+    eprintln!("producer client: {stats:?}");
+    t.finish_consumer().await;
+
+    let report = history.check(Duplicates::Forbidden, true);
+    eprintln!("shared-fs, {KILLS} master kills: {report}");
+    let mut b = brokers.lock().await;
+    if !report.is_ok() {
+        eprintln!("{}", logs(&b));
+    }
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "seed {seed}: {report}");
+    // Both brokers were master more than once: a killed master came back as a slave and
+    // took over again later.
+    for broker in b.iter() {
+        assert!(terms(broker) >= 2, "{}", logs(&b));
+    }
+    for broker in b.iter_mut() {
+        broker.stop().expect("broker stops");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_brokers_master_killed_twice_in_a_row_then_old_masters_rejoin() {
+    let dir = tempfile::tempdir().unwrap();
+    let brokers = start_group(dir.path(), 3);
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let mut t = Traffic::start(&uri, QUEUE).await;
+    let receipts = t.receipts.clone();
+    let before = receipts.load(Ordering::Relaxed);
+    wait_progress(&receipts, before, 20).await;
+
+    // First master dies; as soon as a second one serves, it dies too.
+    let (first, second) = {
+        let brokers = brokers.clone();
+        blocking(move || {
+            let mut b = brokers.blocking_lock();
+            let first = wait_master(&mut b);
+            b[first].kill9().expect("kill -9 first master");
+            let second = wait_master(&mut b);
+            b[second].kill9().expect("kill -9 second master");
+            (first, second)
+        })
+        .await
+    };
+    let before = receipts.load(Ordering::Relaxed);
+    wait_progress(&receipts, before, 20).await;
+    // Both old masters rejoin as slaves; then the third master dies as well.
+    {
+        let brokers = brokers.clone();
+        blocking(move || {
+            let mut b = brokers.blocking_lock();
+            let third = wait_master(&mut b);
+            assert!(third != first && third != second);
+            b[first].respawn().expect("respawn first");
+            b[second].respawn().expect("respawn second");
+            // Give them time to be waiting on the lock, so one takes over at once.
+            std::thread::sleep(Duration::from_millis(300));
+            b[third].kill9().expect("kill -9 third master");
+            let fourth = wait_master(&mut b);
+            assert!(fourth == first || fourth == second);
+        })
+        .await;
+    }
+    t.stop_producers().await;
+    let producer = t.producer.clone();
+    let history = t.history.clone();
+    producer.disconnect().await.expect("producer disconnect");
+    t.finish_consumer().await;
+    let report = history.check(Duplicates::Forbidden, true);
+    eprintln!("shared-fs, three brokers: {report}");
+    let mut b = brokers.lock().await;
+    if !report.is_ok() {
+        eprintln!("{}", logs(&b));
+    }
+    assert!(report.receipted > 0, "{report}");
+    assert!(report.is_ok(), "{report}");
+    for broker in b.iter_mut() {
+        if broker.is_running() {
+            broker.stop().expect("broker stops");
+        }
+    }
+}
+
+/// Every journal segment file and its bytes.
+fn segments(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_finds_a_newer_epoch_stops_without_writing_and_a_slave_takes_over() {
+    const STORED: usize = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let mut brokers = start_group(dir.path(), 2);
+    let shared = dir.path().join("shared");
+    let a_addr = brokers[0].addr().to_string();
+    let conn = Connection::connect(&a_addr, ConnectOptions::default())
+        .await
+        .expect("connect to the master");
+    for i in 0..STORED {
+        conn.send_receipted(QUEUE, &[], format!("before-{i}"))
+            .await
+            .expect("stored");
+    }
+    // Freeze the master, and do what a new master does after taking the lock from it.
+    brokers[0].sigstop().expect("SIGSTOP");
+    let epoch: u64 = std::fs::read_to_string(shared.join("epoch"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::write(shared.join("epoch"), format!("{}\n", epoch + 1)).unwrap();
+    let before = segments(&shared);
+    brokers[0].sigcont().expect("SIGCONT");
+    // It wakes up believing it is master; a SEND must not be stored, nor receipted.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        conn.send_receipted(QUEUE, &[], "after-fence"),
+    )
+    .await
+    .expect("the fenced master answers or closes");
+    assert!(refused.is_err(), "a fenced master receipted a SEND");
+    assert_eq!(
+        segments(&shared)
+            .into_iter()
+            .filter(|(name, _)| before.iter().any(|(n, _)| n == name))
+            .collect::<Vec<_>>(),
+        before,
+        "the fenced master wrote to the journal"
+    );
+    // The slave takes over (the fenced master released the lock) and has every stored message.
+    let b1 = wait_master_async(&mut brokers).await;
+    let log = std::fs::read_to_string(brokers[0].log_path()).unwrap();
+    // Stopped by the writer's fence or by the keep-alive, whichever looked first.
+    assert!(log.contains("a newer master took over"), "{log}");
+    assert!(log.contains("stepping down to slave"), "{log}");
+    let c = Connection::connect(&brokers[b1].addr().to_string(), ConnectOptions::default())
+        .await
+        .expect("connect to the new master");
+    let mut sub = c
+        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while got.len() < STORED {
+        let msg = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("stored message delivered")
+            .expect("subscription open");
+        got.push(String::from_utf8_lossy(&msg.body).into_owned());
+    }
+    let want: Vec<String> = (0..STORED).map(|i| format!("before-{i}")).collect();
+    assert_eq!(got, want);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), sub.next())
+            .await
+            .is_err(),
+        "a message the fenced master refused was stored"
+    );
+    c.disconnect().await.unwrap();
+    for b in brokers.iter_mut() {
+        b.stop().expect("broker stops");
+    }
+}
+
+async fn wait_master_async(brokers: &mut Vec<BrokerProcess>) -> usize {
+    let mut owned = std::mem::take(brokers);
+    let (m, owned) = blocking(move || {
+        let m = wait_master(&mut owned);
+        (m, owned)
+    })
+    .await;
+    *brokers = owned;
+    m
+}
