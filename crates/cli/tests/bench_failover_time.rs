@@ -12,6 +12,11 @@
 //! the other broker can give; it includes resending the SEND lost in flight); the killed broker is
 //! restarted before the next trial. Prints each trial and the median, as a figure for
 //! BENCHMARKS.md, not a pass/fail bound.
+//!
+//! The shared-fs variant runs the same trials against a master/slave pair on one journal
+//! directory (`[ha] mode = "shared-fs"`, default settings): the kill frees the lock, the slave
+//! blocked on it becomes master (epoch bump, recovery, listen), and the client reconnects to
+//! it. The killed broker is started again as a slave.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +31,7 @@ const TRIALS: usize = 10;
 #[ignore = "benchmark: run with --ignored --nocapture"]
 async fn failover_time_kill9_to_first_receipt() {
     let dir = tempfile::tempdir().unwrap();
-    let mut brokers: Vec<BrokerProcess> = (0..2)
+    let brokers: Vec<BrokerProcess> = (0..2)
         .map(|i| {
             BrokerProcess::start(BrokerOpts::new(
                 env!("CARGO_BIN_EXE_haven"),
@@ -36,6 +41,35 @@ async fn failover_time_kill9_to_first_receipt() {
             .expect("broker starts")
         })
         .collect();
+    trials("standalone brokers", brokers, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+async fn shared_fs_failover_time_kill9_to_first_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let brokers: Vec<BrokerProcess> = (0..2)
+        .map(|i| {
+            let mut opts = BrokerOpts::new(
+                env!("CARGO_BIN_EXE_haven"),
+                dir.path().join("shared"),
+                free_addr(),
+            );
+            opts.name = Some(format!("b{i}"));
+            opts.config_toml = Some("[ha]\nmode = \"shared-fs\"\n".into());
+            if i == 0 {
+                BrokerProcess::start(opts).expect("master starts")
+            } else {
+                BrokerProcess::spawn(opts).expect("slave starts")
+            }
+        })
+        .collect();
+    trials("shared-fs master/slave", brokers, true).await;
+}
+
+/// Kills the broker in use `TRIALS` times; `slaves`: brokers come back as slaves (shared
+/// store), not as brokers that serve at once.
+async fn trials(what: &str, mut brokers: Vec<BrokerProcess>, slaves: bool) {
     let urls: Vec<String> = brokers
         .iter()
         .map(|b| format!("tcp://{}", b.addr()))
@@ -80,14 +114,18 @@ async fn failover_time_kill9_to_first_receipt() {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         let b = &mut brokers[index];
-        tokio::task::block_in_place(|| b.restart().expect("restart"));
+        if slaves {
+            b.respawn().expect("respawn as slave");
+        } else {
+            tokio::task::block_in_place(|| b.restart().expect("restart"));
+        }
     }
     stop.store(true, Ordering::Relaxed);
     producer.await.unwrap();
     client.disconnect().await.unwrap();
     trials_ms.sort_by(f64::total_cmp);
     eprintln!(
-        "failover kill -9 -> first RECEIPT over {TRIALS} trials: p50 {:.1} ms, min {:.1} ms, max {:.1} ms",
+        "{what}: failover kill -9 -> first RECEIPT over {TRIALS} trials: p50 {:.1} ms, min {:.1} ms, max {:.1} ms",
         trials_ms[TRIALS / 2],
         trials_ms[0],
         trials_ms[TRIALS - 1]

@@ -39,6 +39,9 @@ use crate::{JournalConfig, JournalError, Lsn, SegmentInfo};
 
 /// Buffer of the reader that streams a segment: 1 MiB.
 const READ_BUFFER_BYTES: usize = 1024 * 1024;
+/// Leftover temporary files are renamed to `<name>.<pid>-<n>.discard` and deleted in the
+/// background; a later start deletes any it finds.
+const DISCARD_SUFFIX: &str = ".discard";
 /// Window of the scan for valid records after damage: 1 MiB.
 const SCAN_WINDOW_BYTES: usize = 1024 * 1024;
 /// Chunk of zeros written when zeroing a torn tail: 1 MiB.
@@ -71,6 +74,10 @@ pub(crate) fn recover(
 
     let mut segment_files: Vec<(Lsn, PathBuf)> = Vec::new();
     let mut removed_tmp = false;
+    // Leftover files are renamed out of the way at once and deleted by a background thread:
+    // freeing a preallocated 64 MiB spare takes tens of milliseconds, and a shared-store
+    // takeover (the dead master's spare is always left over) should not wait for it.
+    let mut discards = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| JournalError::io(dir, e))? {
         let entry = entry.map_err(|e| JournalError::io(dir, e))?;
         let name = entry.file_name();
@@ -81,13 +88,36 @@ pub(crate) fn recover(
             // A spare being prepared, or one that got its header but was never renamed: nothing
             // in it was reported durable.
             warn!(path = %entry.path().display(), "journal: removing leftover temporary file");
-            ops.remove(&entry.path())
+            let doomed = dir.join(format!(
+                "{name}.{}-{}{DISCARD_SUFFIX}",
+                std::process::id(),
+                discards.len()
+            ));
+            ops.rename(&entry.path(), &doomed)
                 .map_err(|e| JournalError::io(entry.path(), e))?;
+            discards.push(doomed);
             removed_tmp = true;
+        } else if name.ends_with(DISCARD_SUFFIX) {
+            // Renamed for deletion by an earlier run that stopped before deleting it.
+            discards.push(entry.path());
         }
     }
     if removed_tmp {
         ops.sync_dir(dir).map_err(|e| JournalError::io(dir, e))?;
+    }
+    if !discards.is_empty() {
+        let spawned = std::thread::Builder::new()
+            .name("haven-journal-discard".into())
+            .spawn(move || {
+                for path in discards {
+                    if let Err(e) = std::fs::remove_file(&path) {
+                        warn!(path = %path.display(), "journal: cannot delete a discarded file: {e}");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!("journal: discarded files stay until the next start: {e}");
+        }
     }
     segment_files.sort();
 
@@ -457,7 +487,7 @@ fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::i
         let starts = n.saturating_sub(RECORD_HEADER_BYTES - 1);
         // A header starting in an all-zero window has a zero length unless it straddles the
         // window edge; the overlap below re-reads those offsets in the next window.
-        let zero = w.iter().all(|&b| b == 0);
+        let zero = all_zero(w);
         scan.nonzero |= !zero;
         for s in (0..starts).filter(|_| !zero) {
             let h = RecordHeader::decode(w[s..s + RECORD_HEADER_BYTES].try_into().unwrap());
@@ -482,4 +512,39 @@ fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::i
         at += starts.max(1) as u64;
     }
     Ok(scan)
+}
+
+/// Whether every byte is zero. OR-folds 64-byte blocks so the compiler can vectorise it: the
+/// tail of the last segment (up to a whole segment of zeros) is scanned on every start and
+/// every shared-store takeover, where a byte-at-a-time loop cost tens of milliseconds.
+fn all_zero(bytes: &[u8]) -> bool {
+    let mut blocks = bytes.chunks_exact(64);
+    for block in &mut blocks {
+        let mut acc = 0u64;
+        for word in block.chunks_exact(8) {
+            acc |= u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+        }
+        if acc != 0 {
+            return false;
+        }
+    }
+    blocks.remainder().iter().all(|&b| b == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::all_zero;
+
+    #[test]
+    fn all_zero_sees_a_single_nonzero_byte_anywhere() {
+        for len in [0usize, 1, 7, 63, 64, 65, 200, 4096] {
+            let mut v = vec![0u8; len];
+            assert!(all_zero(&v));
+            for i in 0..len {
+                v[i] = 1;
+                assert!(!all_zero(&v), "len {len}, byte {i}");
+                v[i] = 0;
+            }
+        }
+    }
 }
