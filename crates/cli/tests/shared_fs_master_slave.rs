@@ -341,3 +341,80 @@ async fn wait_master_async(brokers: &mut Vec<BrokerProcess>) -> usize {
     *brokers = owned;
     m
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_master_keeps_the_lock_no_split_brain_and_nothing_lost() {
+    const FROZEN_MS: u64 = 3_000;
+    let dir = tempfile::tempdir().unwrap();
+    let brokers = start_group(dir.path(), 2);
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let mut t = Traffic::start(&uri, QUEUE).await;
+    let receipts = t.receipts.clone();
+    wait_progress(&receipts, 0, 20).await;
+    {
+        let brokers = brokers.clone();
+        blocking(move || {
+            let mut b = brokers.blocking_lock();
+            assert_eq!(wait_master(&mut b), 0);
+            b[0].sigstop().expect("SIGSTOP");
+            // A frozen process still holds its lock (the kernel keeps it for a live process):
+            // the slave must not take over and write beside it.
+            let deadline = Instant::now() + Duration::from_millis(FROZEN_MS);
+            while Instant::now() < deadline {
+                assert!(
+                    serving(&mut b).is_empty(),
+                    "a broker served while the master was frozen"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            b[0].sigcont().expect("SIGCONT");
+        })
+        .await;
+    }
+    t.stop_producers().await;
+    let (producer, history) = (t.producer.clone(), t.history.clone());
+    producer.disconnect().await.expect("producer disconnect");
+    t.finish_consumer().await;
+    let report = history.check(Duplicates::Forbidden, true);
+    eprintln!("shared-fs, frozen master: {report}");
+    let mut b = brokers.lock().await;
+    assert!(report.is_ok(), "{report}\n{}", logs(&b));
+    assert_eq!(terms(&b[1]), 0, "the slave became master: {}", logs(&b));
+    for broker in b.iter_mut() {
+        broker.stop().expect("broker stops");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_broker_can_take_over_a_directory_a_group_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut group = start_group(dir.path(), 1);
+    let conn = Connection::connect(&group[0].addr().to_string(), ConnectOptions::default())
+        .await
+        .unwrap();
+    conn.send_receipted(QUEUE, &[], "kept").await.unwrap();
+    conn.disconnect().await.unwrap();
+    group[0].stop().expect("stops");
+    // The same directory, now without [ha]: the journal's segments carry epoch 1.
+    let mut standalone = BrokerProcess::start(BrokerOpts::new(
+        env!("CARGO_BIN_EXE_haven"),
+        dir.path().join("shared"),
+        free_addr(),
+    ))
+    .expect("a standalone broker opens the group's directory");
+    let c = Connection::connect(&standalone.addr().to_string(), ConnectOptions::default())
+        .await
+        .unwrap();
+    let mut sub = c
+        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("delivered")
+        .expect("open");
+    assert_eq!(&msg.body[..], b"kept");
+    c.disconnect().await.unwrap();
+    standalone.stop().expect("stops");
+}

@@ -164,6 +164,9 @@ impl Server {
         let lock = lock::DirLock::acquire(&dir)?;
         let store_id = store_id::load_or_create(&dir)?;
         let mut jcfg = JournalConfig::new(dir.clone());
+        // A directory a shared-fs group used before: carry on at its last epoch (the lock
+        // above keeps the group's brokers out while this one runs).
+        jcfg.epoch = shared_fs::current_epoch(&dir)?;
         jcfg.segment_bytes = config.journal.segment_bytes;
         jcfg.batch_bytes_max = config.journal.batch_bytes_max;
         let env = Env {

@@ -223,6 +223,12 @@ fn read_epoch(dir: &Path) -> Result<u64, String> {
     }
 }
 
+/// The epoch a standalone broker keeps using in a directory a shared-fs group used (0 if none).
+pub(crate) fn current_epoch(dir: &Path) -> Result<u32, ServerError> {
+    let epoch = read_epoch(dir).map_err(|r| data_dir(dir, r))?;
+    u32::try_from(epoch).map_err(|_| data_dir(dir, format!("epoch {epoch} overflows")))
+}
+
 /// Makes this broker's epoch one above every earlier master's, durably, and returns it.
 fn bump_epoch(dir: &Path) -> Result<u64, ServerError> {
     let current = read_epoch(dir).map_err(|r| data_dir(dir, r))?;
