@@ -695,6 +695,55 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_group_examples_parse_and_name_their_own_address() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut seen = 0;
+        for group in ["shared-fs-2", "shared-fs-3", "shared-db-2", "shared-db-3"] {
+            let dir = root.join(group);
+            let mut files: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            files.sort();
+            let size: usize = group[group.len() - 1..].parse().unwrap();
+            assert_eq!(files.len(), size, "{group}");
+            for file in files {
+                let c = Config::load(&file).unwrap_or_else(|e| panic!("{e}"));
+                let want = if group.starts_with("shared-fs") {
+                    HaMode::SharedFs
+                } else {
+                    HaMode::SharedDb
+                };
+                assert_eq!(c.ha.mode, want, "{}", file.display());
+                assert_eq!(c.cluster.members.len(), size);
+                let own = format!("tcp://{}", c.stomp.listen);
+                assert!(c.cluster.members.contains(&own), "{}", file.display());
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 10);
+    }
+
+    #[test]
+    fn lease_settings_that_could_expire_before_renewal_are_refused() {
+        let base = "[ha]\nmode = \"shared-db\"\ndb_url = \"postgres://x@h/d\"\n";
+        assert!(parse(base).is_ok());
+        for bad in [
+            "lease_ms = 3000\nrenew_ms = 2000\nlease_margin_ms = 500\n",
+            "lease_ms = 10000\nrenew_ms = 1000\nlease_margin_ms = 0\n",
+            "lease_ms = 2000\nrenew_ms = 1000\nlease_margin_ms = 1000\n",
+        ] {
+            assert!(parse(&format!("{base}{bad}")).is_err(), "{bad}");
+        }
+        assert!(
+            parse("[ha]\nmode = \"shared-db\"\n").is_err(),
+            "db_url required"
+        );
+        assert!(parse("[ha]\nmode = \"shared-fs\"\nkeepalive_ms = 0\n").is_err());
+        assert!(parse("[ha]\nmode = \"raft\"\n").is_err());
+    }
+
+    #[test]
     fn the_shipped_example_parses() {
         let text = include_str!("../../../examples/haven.toml");
         let c = parse(text).unwrap();
