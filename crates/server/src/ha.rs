@@ -9,9 +9,11 @@
 //! record, and it goes back to waiting as a slave. So failback is automatic: a restarted or
 //! recovered old master simply becomes a slave.
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ServerError;
 use crate::log::LogStore;
+use crate::net::Network;
 use crate::{Env, Server};
 use std::future::Future;
 use std::pin::Pin;
@@ -69,10 +71,33 @@ pub enum Role {
 pub async fn run_shared(
     config: Config,
     store: Arc<dyn SharedStore>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     role: watch::Sender<Role>,
 ) -> Result<(), ServerError> {
-    let result = serve_terms(&config, &*store, &mut stop, &role).await;
+    let edges = Edges {
+        network: Arc::new(crate::net::TcpNetwork),
+        clock: Arc::new(crate::clock::SystemClock),
+    };
+    run_shared_with(config, store, stop, role, edges).await
+}
+
+/// The network and clock each term's broker runs over (see `Env`); the simulation passes its
+/// own.
+#[derive(Clone)]
+pub struct Edges {
+    pub network: Arc<dyn Network>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// `run_shared` over the given edges.
+pub async fn run_shared_with(
+    config: Config,
+    store: Arc<dyn SharedStore>,
+    mut stop: watch::Receiver<bool>,
+    role: watch::Sender<Role>,
+    edges: Edges,
+) -> Result<(), ServerError> {
+    let result = serve_terms(&config, &*store, &mut stop, &role, &edges).await;
     let _ = role.send(Role::Stopped);
     result
 }
@@ -82,6 +107,7 @@ async fn serve_terms(
     store: &dyn SharedStore,
     stop: &mut watch::Receiver<bool>,
     role: &watch::Sender<Role>,
+    edges: &Edges,
 ) -> Result<(), ServerError> {
     loop {
         if *stop.borrow() {
@@ -103,8 +129,8 @@ async fn serve_terms(
         } = term;
         tracing::info!(epoch, store = %store.describe(), "master: recovering the store");
         let env = Env {
-            network: Arc::new(crate::net::TcpNetwork),
-            clock: Arc::new(crate::clock::SystemClock),
+            network: edges.network.clone(),
+            clock: edges.clock.clone(),
             log,
             store_id,
             lost: Some(lost.clone()),

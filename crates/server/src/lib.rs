@@ -20,7 +20,7 @@ pub use clock::{Clock, SystemClock};
 pub use cluster::{ClusterChange, ClusterError, ClusterHandle};
 pub use config::{ClusterConfig, Config, HaConfig, HaMode};
 pub use error::ServerError;
-pub use ha::{run_shared, Mastership, Role, SharedStore};
+pub use ha::{run_shared, run_shared_with, Edges, Mastership, Role, SharedStore};
 pub use log::{DurableLog, LogStore, OnRecord};
 pub use net::{Accepted, Listener, Network, TcpNetwork};
 pub use shared_fs::SharedFsStore;
