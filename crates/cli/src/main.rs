@@ -152,18 +152,7 @@ async fn run(
     if let (Some(hup), Some(path), Some(text)) = (hup, config, started_text) {
         tokio::spawn(reload::on_sighup(hup, path, text, server.cluster_handle()));
     }
-    let stopper = server.stopper();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("stopping on signal");
-        let _ = stopper.send(true);
-    });
+    stop_on_signal(server.stopper());
     match server.wait().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -186,17 +175,7 @@ async fn run_shared_store(cfg: Config) -> ExitCode {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (role_tx, _role_rx) = tokio::sync::watch::channel(Role::Slave);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("stopping on signal");
-        let _ = stop_tx.send(true);
-    });
+    stop_on_signal(stop_tx);
     match run_shared(cfg, store, stop_rx, role_tx).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -204,4 +183,19 @@ async fn run_shared_store(cfg: Config) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Sets `stop` on the first SIGTERM or SIGINT. The handlers are installed before this returns.
+fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("stopping on signal");
+        let _ = stop.send(true);
+    });
 }

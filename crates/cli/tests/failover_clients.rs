@@ -14,44 +14,29 @@
 //!
 //! Kill intervals are random but seeded (printed; HAVEN_FAILOVER_SEED replays them).
 
+#[path = "support/traffic.rs"]
+mod traffic;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use haven_client::{AckMode, Client, ClientError, ConnectOptions};
+use haven_client::{AckMode, Client, ConnectOptions};
 use haven_testkit::{
     free_addr, BrokerOpts, BrokerProcess, Duplicates, Fault, History, Proxy, SendOutcome,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
+use traffic::*;
 
 const QUEUE: &str = "/queue/failover";
-/// Concurrent producer tasks, each sending its own numbered ids, one receipt at a time.
-const PRODUCERS: usize = 4;
 /// Bounds on how long the brokers run between kills.
 const KILL_AFTER_MS: std::ops::Range<u64> = 150..700;
 /// How long a killed broker stays down before it is restarted.
 const DOWN_MS: u64 = 200;
-/// After the last kill, producers must confirm this many more messages (liveness).
-const HEALING_RECEIPTS_MIN: u64 = 50;
-/// Bound on waiting for that progress; a broken client hangs here, it does not pass.
-const HEALING_WAIT_MS: u64 = 30_000;
-/// A drain ends when nothing arrived for this long.
-const DRAIN_QUIET_MS: u64 = 1_500;
 /// A drain of one of several brokers (the missing ids may wait on another) ends after this
 /// long without a message.
 const DRAIN_BROKER_QUIET_MS: u64 = 3_000;
-/// Bound on a drain while receipted ids are still missing.
-const DRAIN_MISSING_WAIT_MS: u64 = 20_000;
-
-fn seed() -> u64 {
-    let seed = std::env::var("HAVEN_FAILOVER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("failover seed: {seed} (HAVEN_FAILOVER_SEED={seed} replays the kill schedule)");
-    seed
-}
 
 fn start_brokers(dir: &std::path::Path, n: usize) -> Vec<BrokerProcess> {
     (0..n)
@@ -66,234 +51,17 @@ fn start_brokers(dir: &std::path::Path, n: usize) -> Vec<BrokerProcess> {
         .collect()
 }
 
-fn url_of(b: &BrokerProcess) -> String {
-    format!("tcp://{}", b.addr())
-}
-
-fn quick_failover(brokers: &[String]) -> String {
-    format!(
-        "failover:({})?initialReconnectDelay=10&maxReconnectDelay=200&randomize=false",
-        brokers.join(",")
-    )
-}
-
-/// Producer task `p`: sends ids `p<p>-<n>` with a RECEIPT each until `stop`.
-fn spawn_producer(
-    client: Client,
-    p: usize,
-    history: Arc<History>,
-    receipts: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut n = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            n += 1;
-            let id = format!("p{p}-{n}");
-            history.attempted(&id);
-            match client.send_receipted(QUEUE, &[], id.clone()).await {
-                Ok(()) => {
-                    history.outcome(&id, SendOutcome::Receipted);
-                    receipts.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(ClientError::Server { .. }) => history.outcome(&id, SendOutcome::Failed),
-                Err(e) => {
-                    history.outcome(&id, SendOutcome::Unknown);
-                    panic!("producer {p}: send {id} failed: {e}");
-                }
-            }
-        }
-    })
-}
-
-/// Pipelined producer task `p`: sends ids `q<p>-<n>` without waiting for receipts (the
-/// client keeps up to `unconfirmed_sends_max` in flight, so a kill catches many), until `stop`.
-/// Outcomes are known only when `disconnect` confirms everything; the ids are returned.
-fn spawn_pipelined_producer(
-    client: Client,
-    p: usize,
-    history: Arc<History>,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<Vec<String>> {
-    tokio::spawn(async move {
-        let mut ids = Vec::new();
-        let mut n = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            n += 1;
-            let id = format!("q{p}-{n}");
-            history.attempted(&id);
-            client
-                .send(QUEUE, &[], id.clone())
-                .await
-                .expect("pipelined send");
-            ids.push(id);
-            if n.is_multiple_of(64) {
-                // Leave the core some room: this test is about failover, not throughput.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-        ids
-    })
-}
-
-/// The consumer: records every delivery and acks it, until `stop` and quiet.
-fn spawn_consumer(
-    client: Client,
-    history: Arc<History>,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<Client> {
-    tokio::spawn(async move {
-        let mut sub = client
-            .subscribe(
-                QUEUE,
-                AckMode::ClientIndividual,
-                &[("id", "failover-consumer"), ("activemq.prefetchSize", "64")],
-            )
-            .await
-            .expect("subscribe");
-        drain(&client, &mut sub, &history, &stop, DRAIN_MISSING_WAIT_MS).await;
-        client
-    })
-}
-
-/// Reads until `stop` is set and then either nothing is missing and nothing arrived for
-/// `DRAIN_QUIET_MS`, or nothing arrived for `give_up_ms` (what is missing is elsewhere, or
-/// lost).
-async fn drain(
-    client: &Client,
-    sub: &mut haven_client::Subscription,
-    history: &History,
-    stop: &AtomicBool,
-    give_up_ms: u64,
-) {
-    let mut last = tokio::time::Instant::now();
-    loop {
-        match tokio::time::timeout(Duration::from_millis(DRAIN_QUIET_MS), sub.next()).await {
-            Ok(Some(msg)) => {
-                last = tokio::time::Instant::now();
-                let id = String::from_utf8_lossy(&msg.body).into_owned();
-                history.delivered(&id, msg.redelivered);
-                client.ack(&msg).await.expect("ack");
-                history.acked(&id);
-            }
-            Ok(None) => panic!("subscription ended: {:?}", client.close_reason()),
-            Err(_) if stop.load(Ordering::Relaxed) => {
-                let silent = last.elapsed() >= Duration::from_millis(give_up_ms);
-                if history.missing() == 0 || silent {
-                    if silent && give_up_ms == DRAIN_MISSING_WAIT_MS {
-                        eprintln!(
-                            "drain gave up: {} missing; consumer on {:?}, {:?}, subscription {}",
-                            history.missing(),
-                            client.broker(),
-                            client.stats(),
-                            sub.id()
-                        );
-                    }
-                    return;
-                }
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-/// A producer client with `PRODUCERS` receipted producer tasks and a consumer client with its
-/// consumer task, all recording into one history.
-struct Traffic {
-    producer: Client,
-    consumer: Client,
-    history: Arc<History>,
-    receipts: Arc<AtomicU64>,
-    stop_producers: Arc<AtomicBool>,
-    stop_consumer: Arc<AtomicBool>,
-    producers: Vec<tokio::task::JoinHandle<()>>,
-    consumer_task: tokio::task::JoinHandle<Client>,
-}
-
-impl Traffic {
-    async fn start(uri: &str) -> Traffic {
-        let history = Arc::new(History::new());
-        let receipts = Arc::new(AtomicU64::new(0));
-        let stop_producers = Arc::new(AtomicBool::new(false));
-        let stop_consumer = Arc::new(AtomicBool::new(false));
-        let producer = Client::connect(uri, ConnectOptions::default())
-            .await
-            .expect("producer connects");
-        let consumer = Client::connect(uri, ConnectOptions::default())
-            .await
-            .expect("consumer connects");
-        let consumer_task =
-            spawn_consumer(consumer.clone(), history.clone(), stop_consumer.clone());
-        let producers = (0..PRODUCERS)
-            .map(|p| {
-                spawn_producer(
-                    producer.clone(),
-                    p,
-                    history.clone(),
-                    receipts.clone(),
-                    stop_producers.clone(),
-                )
-            })
-            .collect();
-        Traffic {
-            producer,
-            consumer,
-            history,
-            receipts,
-            stop_producers,
-            stop_consumer,
-            producers,
-            consumer_task,
-        }
-    }
-
-    /// Waits for progress after the last fault (liveness), then stops the producer tasks.
-    async fn stop_producers(&mut self) {
-        let before = self.receipts.load(Ordering::Relaxed);
-        wait_progress(&self.receipts, before, HEALING_RECEIPTS_MIN).await;
-        self.stop_producers.store(true, Ordering::Relaxed);
-        for p in self.producers.drain(..) {
-            p.await.expect("producer task");
-        }
-    }
-
-    /// Lets the consumer drain what is owed, then disconnects it.
-    async fn finish_consumer(self) {
-        self.stop_consumer.store(true, Ordering::Relaxed);
-        let consumer = self.consumer_task.await.expect("consumer task");
-        eprintln!("consumer client: {:?}", consumer.stats());
-        consumer.disconnect().await.expect("consumer disconnect");
-    }
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("blocking task")
-}
-
-/// Waits until producers confirmed `more` receipts beyond `from`.
-async fn wait_progress(receipts: &AtomicU64, from: u64, more: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(HEALING_WAIT_MS);
-    while receipts.load(Ordering::Relaxed) < from + more {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "producers made no progress after the last kill ({} receipts)",
-            receipts.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
     const KILLS: usize = 6;
-    let seed = seed();
+    let seed = seed("HAVEN_FAILOVER_SEED");
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let brokers = start_brokers(dir.path(), 3);
     let urls: Vec<String> = brokers.iter().map(url_of).collect();
     let brokers = Arc::new(Mutex::new(brokers));
     let uri = quick_failover(&urls);
-    let mut t = Traffic::start(&uri).await;
+    let mut t = Traffic::start(&uri, QUEUE).await;
     let (producer, consumer, history) = (t.producer.clone(), t.consumer.clone(), t.history.clone());
     let mut events = producer.events();
 
@@ -363,18 +131,19 @@ async fn standalone_brokers_kill9_repeatedly_nothing_receipted_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_broker_restarted_under_steady_producers_is_exactly_once() {
     const KILLS: usize = 5;
-    let seed = seed();
+    let seed = seed("HAVEN_FAILOVER_SEED");
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let broker = start_brokers(dir.path(), 1).pop().unwrap();
     let uri = quick_failover(&[url_of(&broker)]);
     let broker = Arc::new(Mutex::new(broker));
-    let mut t = Traffic::start(&uri).await;
+    let mut t = Traffic::start(&uri, QUEUE).await;
     let (producer, history) = (t.producer.clone(), t.history.clone());
     let pipelined: Vec<_> = (0..2)
         .map(|p| {
             spawn_pipelined_producer(
                 producer.clone(),
+                QUEUE,
                 p,
                 history.clone(),
                 t.stop_producers.clone(),
@@ -470,6 +239,7 @@ impl OneProducer {
         let stop = Arc::new(AtomicBool::new(false));
         let task = spawn_producer(
             client.clone(),
+            QUEUE,
             0,
             history.clone(),
             receipts.clone(),
