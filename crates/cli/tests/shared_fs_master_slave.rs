@@ -37,19 +37,23 @@ const TAKEOVER_WAIT_MS: u64 = 30_000;
 /// How long a probe waits for CONNECTED from a broker.
 const PROBE_TIMEOUT_MS: u64 = 500;
 
-fn shared_config(name: &str) -> String {
-    format!("[broker]\nname = \"{name}\"\n\n[ha]\nmode = \"shared-fs\"\n")
+fn shared_config(name: &str, extra_ha: &str) -> String {
+    format!("[broker]\nname = \"{name}\"\n\n[ha]\nmode = \"shared-fs\"\n{extra_ha}")
 }
 
 /// `n` brokers on one shared directory: the first is master when this returns, the others
 /// are started as slaves.
 fn start_group(dir: &std::path::Path, n: usize) -> Vec<BrokerProcess> {
+    start_group_with(dir, n, "")
+}
+
+fn start_group_with(dir: &std::path::Path, n: usize, extra_ha: &str) -> Vec<BrokerProcess> {
     let shared = dir.join("shared");
     (0..n)
         .map(|i| {
             let name = format!("b{i}");
             let mut opts = BrokerOpts::new(env!("CARGO_BIN_EXE_haven"), &shared, free_addr());
-            opts.config_toml = Some(shared_config(&name));
+            opts.config_toml = Some(shared_config(&name, extra_ha));
             opts.name = Some(name);
             if i == 0 {
                 BrokerProcess::start(opts).expect("first broker becomes master")
@@ -417,4 +421,46 @@ async fn a_standalone_broker_can_take_over_a_directory_a_group_used() {
     assert_eq!(&msg.body[..], b"kept");
     c.disconnect().await.unwrap();
     standalone.stop().expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slaves_that_poll_the_lock_log_the_master_and_take_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut brokers = start_group_with(dir.path(), 2, "lock_poll_ms = 100\n");
+    let conn = Connection::connect(&brokers[0].addr().to_string(), ConnectOptions::default())
+        .await
+        .unwrap();
+    conn.send_receipted(QUEUE, &[], "one").await.unwrap();
+    conn.disconnect().await.unwrap();
+    // The slave names the master in its log (its state, for an operator).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let slave_log = loop {
+        let log = std::fs::read_to_string(brokers[1].log_path()).unwrap_or_default();
+        if log.contains("slave: waiting for the lock; master is b0") {
+            break log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slave never logged the master:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(slave_log.contains("epoch 1"), "{slave_log}");
+    brokers[0].kill9().unwrap();
+    let m = wait_master_async(&mut brokers).await;
+    assert_eq!(m, 1);
+    let c = Connection::connect(&brokers[1].addr().to_string(), ConnectOptions::default())
+        .await
+        .unwrap();
+    let mut sub = c
+        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("delivered")
+        .expect("open");
+    assert_eq!(&msg.body[..], b"one");
+    c.disconnect().await.unwrap();
+    brokers[1].stop().unwrap();
 }
