@@ -30,7 +30,7 @@ pub(crate) async fn connect(s: &Settings) -> Result<Conn, PgError> {
     tokio::spawn(async move {
         let reason = match connection.await {
             Ok(()) => "connection closed".to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => crate::error::describe(&e),
         };
         let _ = closed_tx.send(reason);
     });

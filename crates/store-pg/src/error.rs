@@ -17,7 +17,7 @@ pub enum PgError {
     /// The store's tables are not what this broker's schema version says they are.
     #[error("the store's schema is damaged: {0}")]
     Schema(String),
-    #[error("database: {0}")]
+    #[error("database: {}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
     /// A database call did not complete within `ha.db_timeout_ms` (or the connect timeout).
     #[error("database did not answer within {ms} ms ({what})")]
@@ -43,5 +43,13 @@ impl PgError {
     pub(crate) fn is_lock_timeout(&self) -> bool {
         matches!(self, PgError::Db(e)
             if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE))
+    }
+}
+
+/// tokio-postgres displays a server error as just "db error": say what the server said.
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
     }
 }

@@ -47,7 +47,7 @@ impl Settings {
             pg.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS_DEFAULT));
         }
         if pg.get_application_name().is_none() {
-            pg.application_name(&format!("haven {broker_name}"));
+            pg.application_name(format!("haven {broker_name}"));
         }
         // The server's config validation guarantees these; the lease protocol depends on
         // them, so check again rather than trust a caller that built HaConfig by hand.

@@ -3,7 +3,7 @@
 //! `PgCluster::start` runs `initdb` into a temporary directory and starts `postgres` on
 //! 127.0.0.1 at a free port, with its unix sockets in that directory, `fsync` on (the tests
 //! check durability, so the database must really make commits durable). As root, `initdb`
-//! and `postgres` refuse to run, so they run as the `postgres` user (`runuser`), and the
+//! and `postgres` refuse to run, so they run as the `postgres` user (`setpriv`, which execs in place so signals reach the postmaster), and the
 //! directory is handed to that user. The postmaster is a child of the test process: `kill`
 //! SIGKILLs it (a crashed database), `restart` stops it cleanly and starts it again on the
 //! same port and data, and Drop stops it and removes the directory, so a failing test never
@@ -269,8 +269,16 @@ impl PgCluster {
 
     fn as_server_user(&self, program: &Path) -> Command {
         if self.run_as_postgres {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", PG_OS_USER, "--"]).arg(program);
+            // setpriv execs in place (runuser would fork and not pass our signals on), so
+            // the child we signal is the postmaster itself.
+            let mut cmd = Command::new("setpriv");
+            cmd.args([
+                &format!("--reuid={PG_OS_USER}"),
+                &format!("--regid={PG_OS_USER}"),
+                "--init-groups",
+                "--",
+            ])
+            .arg(program);
             cmd
         } else {
             Command::new(program)
