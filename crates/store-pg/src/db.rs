@@ -16,9 +16,21 @@ pub(crate) struct Conn {
     pub closed: oneshot::Receiver<String>,
 }
 
-/// Connects within the connect timeout (and `db_timeout_ms` at most), then applies the
-/// session settings every store connection needs.
-pub(crate) async fn connect(s: &Settings) -> Result<Conn, PgError> {
+/// Connects within the connect timeout (or `db_timeout_ms`, whichever is longer), then
+/// applies the session settings every store connection needs.
+/// What a connection is for: it decides how long a statement may wait for a row or advisory
+/// lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Contending for and renewing the lease: a lock wait is "not now", retried after
+    /// `poll_ms`, so waits are short.
+    Lease,
+    /// Writing and reading the log: a lock wait (behind a renewal or a takeover attempt on
+    /// the lease row) is normal and short; only `db_timeout_ms` bounds it.
+    Log,
+}
+
+pub(crate) async fn connect(s: &Settings, role: Role) -> Result<Conn, PgError> {
     let bound =
         s.pg.get_connect_timeout()
             .copied()
@@ -37,14 +49,16 @@ pub(crate) async fn connect(s: &Settings) -> Result<Conn, PgError> {
     // statement_timeout: the server gives up on a statement the client gave up on (a write
     // that timed out here must not commit long after). idle_in_transaction: a broker paused
     // inside a transaction (SIGSTOP) must not hold the lease row's lock for ever, or no slave
-    // could take over. synchronous_commit: "durable" means the commit is on the server's disk,
-    // whatever the database's default is.
+    // could take over. lock_timeout: see `Role`.
     let sql = format!(
         "SET statement_timeout = {st}; SET idle_in_transaction_session_timeout = {it}; \
-         SET synchronous_commit = on; SET lock_timeout = {lt}",
+         SET lock_timeout = {lt}",
         st = s.db_timeout_ms + s.poll_ms,
         it = s.db_timeout_ms,
-        lt = s.poll_ms,
+        lt = match role {
+            Role::Lease => s.poll_ms,
+            Role::Log => s.db_timeout_ms,
+        },
     );
     timed(
         s.db_timeout(),
@@ -52,6 +66,28 @@ pub(crate) async fn connect(s: &Settings) -> Result<Conn, PgError> {
         client.batch_execute(&sql),
     )
     .await?;
+    // "Durable" means the commit is on the server's disk. The server's own setting is kept
+    // (`on`, `remote_write`, `remote_apply`, `local` all flush locally before COMMIT returns)
+    // unless it is `off`, which acknowledges commits that a server crash loses.
+    let sync: String = timed(
+        s.db_timeout(),
+        "synchronous_commit",
+        client.query_one("SHOW synchronous_commit", &[]),
+    )
+    .await?
+    .get(0);
+    if sync == "off" {
+        tracing::warn!(
+            store = %s.describe,
+            "synchronous_commit is off on the server: using on for the broker's sessions"
+        );
+        timed(
+            s.db_timeout(),
+            "synchronous_commit",
+            client.batch_execute("SET synchronous_commit = on"),
+        )
+        .await?;
+    }
     Ok(Conn { client, closed })
 }
 

@@ -157,7 +157,7 @@ impl SlaveStatus {
 /// One connection's worth of contention: connect, set up the schema, then wait for the
 /// advisory lock or the lease's expiry until the lease is ours.
 async fn contend(s: &Settings, status: &mut SlaveStatus) -> Result<Won, PgError> {
-    let mut conn = db::connect(s).await?;
+    let mut conn = db::connect(s, db::Role::Lease).await?;
     let bound = s.db_timeout() + s.poll();
     let store_id = db::timed(bound, "schema setup", schema::prepare(&mut conn.client)).await?;
     let key = schema::lock_key(&store_id);

@@ -166,7 +166,7 @@ async fn read(
 ) -> Result<Vec<(i64, Vec<u8>)>, String> {
     let result: Result<Vec<(i64, Vec<u8>)>, PgError> = async {
         if conn.is_none() {
-            *conn = Some(db::connect(s).await?);
+            *conn = Some(db::connect(s, db::Role::Log).await?);
         }
         let client = &conn.as_ref().expect("connected").client;
         let lsns = lsns.to_vec();

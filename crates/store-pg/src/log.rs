@@ -235,7 +235,7 @@ async fn recover(
     durable: &watch::Sender<Result<Lsn, JournalFailure>>,
 ) -> Result<Option<Conn>, JournalError> {
     let db_err = |e: crate::PgError| JournalError::Failed(failure(s, "recovery", e));
-    let conn = db::connect(s).await.map_err(db_err)?;
+    let conn = db::connect(s, db::Role::Log).await.map_err(db_err)?;
     let stmt = db::timed(s.db_timeout(), "prepare", conn.client.prepare(RECOVER_SQL))
         .await
         .map_err(db_err)?;

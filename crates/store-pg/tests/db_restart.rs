@@ -7,8 +7,25 @@ use common::*;
 use haven_server::SharedStore;
 use std::time::Duration;
 
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// A clean (fast) shutdown.
+    Stop,
+    /// SIGKILL of the postmaster: the server recovers from its WAL on start.
+    Crash,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_stops_the_master_and_acquire_waits_for_the_database() {
+    outage(Outage::Stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_crash_stops_the_master_and_keeps_every_durable_record() {
+    outage(Outage::Crash).await;
+}
+
+async fn outage(outage: Outage) {
     let Some(mut pg) = cluster() else { return };
     let a = store(&short(&pg.url()), "a");
     let mut m = acquire(&a).await;
@@ -19,15 +36,18 @@ async fn a_database_restart_stops_the_master_and_acquire_waits_for_the_database(
     log.flush();
     durable(&*log, 100).await;
     // Appends keep coming while the database stops.
-    tokio::task::block_in_place(|| pg.stop()).expect("stop the database");
+    tokio::task::block_in_place(|| match outage {
+        Outage::Stop => pg.stop(),
+        Outage::Crash => pg.kill(),
+    })
+    .expect("stop the database");
     for i in 101..=200 {
         log.append(&payload(i, 200));
     }
     log.flush();
     let failure = failed(&*log).await;
-    eprintln!("log failure: {failure}");
     let reason = lost(&m).await;
-    eprintln!("lost: {reason}");
+    eprintln!("{outage:?}: log failure: {failure}; lost: {reason}");
     let epoch = m.epoch;
     drop(log);
     drop(m);

@@ -105,19 +105,7 @@ impl PgCluster {
     /// Runs SQL through `psql` (for tests that inspect or tamper with the store directly).
     /// Returns psql's unaligned, tuples-only output.
     pub fn psql(&self, sql: &str) -> Result<String, TestkitError> {
-        let psql = self.bin.join("psql");
-        let psql = if psql.exists() {
-            psql
-        } else {
-            PathBuf::from("psql")
-        };
-        let out = Command::new(&psql)
-            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", PG_OS_USER, "-d", "postgres", "-c", sql])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(io(format!("run {}", psql.display())))?;
+        let out = self.psql_command(sql).output().map_err(io("run psql"))?;
         if !out.status.success() {
             return Err(TestkitError::Command {
                 command: format!("psql -c {sql:?}"),
@@ -126,6 +114,30 @@ impl PgCluster {
             });
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Starts `psql -c sql` without waiting for it: for a session that holds a lock while
+    /// the test goes on. The caller waits for (or kills) the child.
+    pub fn psql_spawn(&self, sql: &str) -> Result<Child, TestkitError> {
+        self.psql_command(sql)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io("spawn psql"))
+    }
+
+    fn psql_command(&self, sql: &str) -> Command {
+        let psql = self.bin.join("psql");
+        let mut cmd = Command::new(if psql.exists() {
+            psql
+        } else {
+            PathBuf::from("psql")
+        });
+        cmd.args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", PG_OS_USER, "-d", "postgres", "-c", sql])
+            .stdin(Stdio::null());
+        cmd
     }
 
     /// A clean (fast) shutdown: every session is disconnected, commits stay.
