@@ -99,15 +99,22 @@ async fn a_dead_masters_lease_is_taken_without_waiting_for_expiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewed_lease_is_not_taken_and_a_released_one_is() {
     let Some(pg) = cluster() else { return };
-    let a = store(&short(&pg.url()), "a");
-    let b = store(&short(&pg.url()), "b");
+    // A trusts its lease for 2.5 s after each renewal sent every 200 ms: only a stall of
+    // seconds on a loaded machine could cost it the lease.
+    let ha = haven_server::HaConfig {
+        lease_ms: 4_000,
+        lease_margin_ms: 1_500,
+        ..short(&pg.url())
+    };
+    let a = store(&ha, "a");
+    let b = store(&ha, "b");
     let ma = acquire(&a).await;
     let waiting = tokio::spawn(async move {
         let m = b.acquire().await.expect("acquire");
         (m, b)
     });
-    // Three lease lengths: A renews, so B stays a slave throughout.
-    tokio::time::sleep(Duration::from_millis(6_000)).await;
+    // Over two lease lengths: A renews, so B stays a slave throughout.
+    tokio::time::sleep(Duration::from_millis(9_000)).await;
     assert!(!waiting.is_finished(), "B took a lease A kept renewing");
     assert!(ma.lost.borrow().is_none(), "A lost a lease it renewed");
     // A steps down cleanly: B takes over without waiting for expiry.

@@ -6,8 +6,7 @@
 //! never leaves a broker behind. [`History`] is the no-loss / no-duplicate checker, and
 //! [`Proxy`] a fault-injecting TCP proxy (delay, black hole, reset) to put between processes.
 //! [`NetLab`] puts brokers in network namespaces and partitions them with firewall rules
-//! (root only; [`NetLab::skip_reason`] says why not elsewhere). [`PgCluster`] is a throwaway
-//! PostgreSQL for the shared-database store's tests.
+//! (root only; [`NetLab::skip_reason`] says why not elsewhere).
 
 mod broker;
 mod checker;
