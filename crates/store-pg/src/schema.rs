@@ -38,8 +38,6 @@ CREATE TABLE IF NOT EXISTS haven_log (
     epoch   BIGINT NOT NULL CHECK (epoch > 0),
     payload BYTEA NOT NULL
 );
-INSERT INTO haven_lease (id, epoch, holder, expires_at, renewed_at, holder_has_lock)
-    VALUES (1, 0, '', '-infinity', NULL, false) ON CONFLICT (id) DO NOTHING;
 INSERT INTO haven_meta (key, value)
     VALUES ('store_id', 'pg-' || substr(md5(random()::text || clock_timestamp()::text
                                             || pg_backend_pid()::text), 1, 16))
@@ -82,6 +80,24 @@ pub(crate) async fn prepare(client: &mut Client) -> Result<String, PgError> {
         }
     }
     tx.batch_execute(CREATE_SQL).await?;
+    let lease_row = tx
+        .query_opt("SELECT epoch FROM haven_lease WHERE id = 1", &[])
+        .await?;
+    if lease_row.is_none() {
+        // A new store, or the row was deleted by hand: epochs must still only grow, or a
+        // new master's writes would look older than the records already in the log (and
+        // recovery would refuse them). Scans the log, but only when the row is missing.
+        let max: i64 = tx
+            .query_one("SELECT coalesce(max(epoch), 0) FROM haven_log", &[])
+            .await?
+            .get(0);
+        tx.execute(
+            "INSERT INTO haven_lease (id, epoch, holder, expires_at, renewed_at, holder_has_lock)
+             VALUES (1, $1, '', '-infinity', NULL, false)",
+            &[&max],
+        )
+        .await?;
+    }
     tx.execute(
         "INSERT INTO haven_meta (key, value) VALUES ('schema_version', $1)
          ON CONFLICT (key) DO NOTHING",

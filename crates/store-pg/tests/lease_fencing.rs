@@ -127,3 +127,61 @@ async fn a_renewed_lease_is_not_taken_and_a_released_one_is() {
     assert_eq!(mb.epoch, epoch_a + 1);
     assert!(mb.lost.borrow().is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_the_write_in_flight_and_replays_it() {
+    let Some(pg) = cluster() else { return };
+    let a = store(
+        &haven_server::HaConfig {
+            db_timeout_ms: 20_000,
+            ..long(&pg.url())
+        },
+        "a",
+    );
+    let b = store(&short(&pg.url()), "b");
+    let mut ma = acquire(&a).await;
+    let (mut log_a, _) = open(&mut ma);
+    // Makes A's first write take 2 s inside its statement, after its fence took the lock.
+    pg.psql(
+        "CREATE FUNCTION haven_test_slow() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN IF NEW.lsn = 1 THEN PERFORM pg_sleep(2); END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER haven_test_slow BEFORE INSERT ON haven_log \
+         FOR EACH ROW EXECUTE FUNCTION haven_test_slow()",
+    )
+    .expect("psql");
+    for i in 1..=10 {
+        log_a.append(&payload(i, 100));
+    }
+    log_a.flush();
+    tokio::time::timeout(DEADLINE, async {
+        while pg
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            .expect("psql")
+            != "1"
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("A's write is in flight");
+    // While it is: the lease expires (by hand: A is "paused") and B competes.
+    let mut expire = pg
+        .psql_spawn("UPDATE haven_lease SET expires_at = now()")
+        .expect("psql");
+    let waiting = tokio::spawn(async move {
+        let m = b.acquire().await.expect("acquire");
+        (m, b)
+    });
+    // The write began under A's epoch and holds the lease row: the lease can move only
+    // once it has committed, so B, recovering as soon as it is master, replays it.
+    let (mut mb, _b) = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("B takes over")
+        .expect("join");
+    assert!(mb.epoch > ma.epoch);
+    let (log_b, seen) = open(&mut mb);
+    assert_eq!(seen.len(), 10, "B replays the write that was in flight");
+    assert_eq!(log_b.next_lsn(), 11);
+    durable(&*log_a, 10).await;
+    let _ = expire.wait();
+}

@@ -202,3 +202,16 @@ fn a_bad_url_is_refused_before_connecting() {
         .expect("refused");
     assert!(err.to_string().contains("TLS"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_row_is_recreated_above_every_epoch_in_the_log() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let (_, e2) = two_terms(&store).await;
+    pg.psql("DELETE FROM haven_lease").expect("psql");
+    let mut m = acquire(&store).await;
+    assert!(m.epoch > e2, "epoch {} after {e2}", m.epoch);
+    let (log, seen) = open(&mut m);
+    assert_eq!(seen.len(), 5);
+    assert_eq!(log.next_lsn(), 6);
+}
