@@ -8,6 +8,10 @@ pub enum PgError {
     /// `ha.db_url` does not parse, or asks for something this build cannot do.
     #[error("ha.db_url: {0}")]
     Url(String),
+    /// Lease timings that the protocol cannot work with (the server's config validation
+    /// refuses them too).
+    #[error("[ha] settings: {0}")]
+    Settings(String),
     /// The store was created or migrated by a newer broker: refusing to touch it.
     #[error(
         "the store's schema version is {found}, newer than this broker knows ({known}): \
@@ -34,7 +38,10 @@ impl PgError {
     pub fn is_fatal(&self) -> bool {
         matches!(
             self,
-            PgError::Url(_) | PgError::SchemaTooNew { .. } | PgError::Schema(_)
+            PgError::Url(_)
+                | PgError::Settings(_)
+                | PgError::SchemaTooNew { .. }
+                | PgError::Schema(_)
         )
     }
 

@@ -53,13 +53,13 @@ impl Settings {
         // them, so check again rather than trust a caller that built HaConfig by hand.
         let trusted_ms = ha.lease_ms.saturating_sub(ha.lease_margin_ms);
         if ha.lease_margin_ms == 0 || trusted_ms < 2 * ha.renew_ms || ha.renew_ms == 0 {
-            return Err(PgError::Url(format!(
+            return Err(PgError::Settings(format!(
                 "lease_ms - lease_margin_ms ({trusted_ms}) must be at least twice renew_ms ({})",
                 ha.renew_ms
             )));
         }
         if ha.poll_ms == 0 || ha.db_timeout_ms == 0 {
-            return Err(PgError::Url(
+            return Err(PgError::Settings(
                 "poll_ms and db_timeout_ms must be at least 1".into(),
             ));
         }

@@ -215,3 +215,17 @@ async fn a_deleted_lease_row_is_recreated_above_every_epoch_in_the_log() {
     assert_eq!(seen.len(), 5);
     assert_eq!(log.next_lsn(), 6);
 }
+
+#[test]
+fn lease_timings_that_could_expire_before_renewal_are_refused() {
+    let ha = haven_server::HaConfig {
+        lease_ms: 1_000,
+        renew_ms: 500,
+        lease_margin_ms: 100,
+        ..short("postgres://u@127.0.0.1/x")
+    };
+    let err = haven_store_pg::PgSharedStore::new(&ha, "a", RECORD_BYTES_MAX)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("twice renew_ms"), "{err}");
+}
