@@ -5,7 +5,8 @@
 #
 #   bash scripts/test.sh
 #
-# What it installs: python3 with venv/pip, iproute2 and nftables (Debian packages), and the
+# What it installs: python3 with venv/pip, iproute2, nftables and postgresql (Debian packages;
+# the tests start their own throwaway clusters, never the system service), and the
 # pinned packages of tests/interop/requirements.txt (stomp.py, pytest) into .venv at the repo
 # root.
 set -euo pipefail
@@ -32,10 +33,29 @@ fi
 sbin_path="$PATH:/usr/sbin:/sbin"
 PATH="$sbin_path" command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 PATH="$sbin_path" command -v nft >/dev/null 2>&1 || missing+=(nftables)
+# crates/store-pg/tests: each test starts its own throwaway PostgreSQL cluster from the server
+# binaries (initdb, postgres); the system service is not started.
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    missing+=(postgresql)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
+    # policy-rc.d exit 101 = "do not start services": the postgresql package must not start
+    # its system cluster here. Removed again right after the install (or if it fails).
+    policy=/usr/sbin/policy-rc.d
+    policy_added=""
+    if [[ " ${missing[*]} " == *" postgresql "* ]] && [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+        as_root chmod +x "$policy"
+        policy_added=1
+        trap 'as_root rm -f "$policy"' EXIT
+    fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    if [ -n "$policy_added" ]; then
+        as_root rm -f "$policy"
+        trap - EXIT
+    fi
 fi
 if ! command -v cargo >/dev/null 2>&1; then
     echo "cargo not found: install the Rust toolchain (rustup) first" >&2

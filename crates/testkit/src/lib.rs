@@ -13,6 +13,7 @@ mod checker;
 mod error;
 mod net;
 mod netns;
+mod pg;
 mod proc_status;
 mod proxy;
 mod scenario;
@@ -24,6 +25,7 @@ pub use net::{free_addr, free_port, stomp_connect_probe};
 pub use netns::{
     Firewall, HostId, NetLab, Peer, COMMAND_TIMEOUT_MS, HOSTS_PER_LAB_MAX, STOMP_PORT,
 };
+pub use pg::{PgCluster, PG_INITDB_TIMEOUT_MS, PG_READY_TIMEOUT_MS};
 pub use proc_status::{rss_bytes, rss_peak_bytes};
 pub use proxy::{Fault, Proxy, ProxyStats};
 pub use scenario::{run as run_scenario, Action, Ran, Step};

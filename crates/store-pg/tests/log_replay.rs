@@ -1,0 +1,231 @@
+//! The log in the table: what was made durable replays exactly, also after segments were
+//! released; recovery refuses interleaved epochs and holes; paged-out messages read back.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use haven_engine::{Destination, Message, Record};
+use haven_server::SharedStore;
+use haven_store_pg::SEGMENT_RECORDS;
+use std::sync::Arc;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appended_records_replay_exactly_after_reopen_and_release() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let mut m = acquire(&store).await;
+    let (mut log, seen) = open(&mut m);
+    assert!(seen.is_empty());
+    assert_eq!(log.next_lsn(), 1);
+    // Several flushes of uneven sizes: group commit must keep order and numbering.
+    let total = 2 * SEGMENT_RECORDS + 100;
+    let mut want = Vec::new();
+    for i in 1..=total {
+        let p = payload(i, (i % 700) as usize);
+        assert_eq!(log.append(&p), i);
+        want.push((i, p));
+        if i % 997 == 0 {
+            log.flush();
+        }
+    }
+    log.flush();
+    durable(&*log, total).await;
+    let segs = log.segments();
+    assert_eq!(segs.len(), 3);
+    assert!(segs[0].sealed && segs[1].sealed && !segs[2].sealed);
+    tokio::task::block_in_place(|| log.close()).expect("close");
+    let first_epoch = m.epoch;
+    drop(m);
+
+    let mut m = acquire(&store).await;
+    assert!(m.epoch > first_epoch, "a new mastership has a new epoch");
+    let (mut log, seen) = open(&mut m);
+    assert_eq!(seen, want, "replay is exactly what was made durable");
+    assert_eq!(log.next_lsn(), total + 1);
+    // Release the first two segments behind one more record (as the core's checkpoint).
+    let cp = log.append(b"checkpoint");
+    assert_eq!(log.release_before(cp), 2);
+    log.flush();
+    durable(&*log, cp).await;
+    tokio::task::block_in_place(|| log.close()).expect("close");
+    drop(m);
+    let rows = pg
+        .psql("SELECT min(lsn), max(lsn), count(*) FROM haven_log")
+        .expect("psql");
+    assert_eq!(
+        rows,
+        format!(
+            "{}|{cp}|{}",
+            2 * SEGMENT_RECORDS + 1,
+            cp - 2 * SEGMENT_RECORDS
+        )
+    );
+
+    let mut m = acquire(&store).await;
+    let (log, seen) = open(&mut m);
+    want.push((cp, b"checkpoint".to_vec()));
+    assert_eq!(seen, want[2 * SEGMENT_RECORDS as usize..].to_vec());
+    assert_eq!(log.next_lsn(), cp + 1);
+    assert_eq!(log.segments()[0].base_lsn, 2 * SEGMENT_RECORDS + 1);
+}
+
+fn message(seq: u64) -> Arc<Message> {
+    Arc::new(Message {
+        seq,
+        id: format!("m-{seq}"),
+        destination: Destination::Queue("work".into()),
+        headers: vec![("k".into(), "v".into())],
+        body: Bytes::from(vec![seq as u8; 300]),
+        persistent: true,
+        priority: 4,
+        expires_ms: 0,
+        timestamp_ms: 1,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paged_out_message_is_read_back() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let mut m = acquire(&store).await;
+    let mut loader = m.log.loader();
+    let (mut log, _) = open(&mut m);
+    let mut lsns = Vec::new();
+    for seq in 1..=20u64 {
+        let record = Record::Store {
+            message: message(seq),
+            holders: Vec::new(),
+            producer: None,
+        };
+        lsns.push(log.append(&record.to_bytes()));
+    }
+    log.flush();
+    durable(&*log, 20).await;
+    tokio::task::block_in_place(|| {
+        let got = loader.load(lsns[4], 5).expect("load");
+        assert_eq!(*got, *message(5));
+        let wrong = loader
+            .load(lsns[4], 6)
+            .expect_err("record 5 carries message 5 only");
+        assert!(wrong.contains("does not carry"), "{wrong}");
+        let missing = loader.load(999, 1).expect_err("no such record");
+        assert!(missing.contains("not in the store"), "{missing}");
+        // Read ahead, then load: same messages.
+        let next: Vec<(u64, u64)> = (10..20).map(|i| (lsns[i], i as u64 + 1)).collect();
+        loader.prefetch(&next);
+        for (lsn, seq) in next {
+            assert_eq!(*loader.load(lsn, seq).expect("load"), *message(seq));
+        }
+    });
+}
+
+/// Writes records 1..=3 in one mastership and 4..=5 in the next; returns both epochs.
+async fn two_terms(store: &haven_store_pg::PgSharedStore) -> (u64, u64) {
+    let mut epochs = Vec::new();
+    for n in [3u64, 2] {
+        let mut m = acquire(store).await;
+        let (mut log, _) = open(&mut m);
+        for _ in 0..n {
+            log.append(b"r");
+        }
+        log.flush();
+        durable(&*log, log.next_lsn() - 1).await;
+        tokio::task::block_in_place(|| log.close()).expect("close");
+        epochs.push(m.epoch);
+    }
+    (epochs[0], epochs[1])
+}
+
+fn open_error(m: &mut haven_server::Mastership) -> String {
+    let log = std::mem::replace(&mut m.log, Box::new(Taken));
+    match tokio::task::block_in_place(|| log.open(&mut |_, _| Ok(()))) {
+        Ok(_) => panic!("recovery must refuse this store"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_refuses_an_older_epoch_after_a_newer_one() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let (e1, e2) = two_terms(&store).await;
+    assert!(e2 > e1);
+    // Record 5 as if a deposed master of epoch e1 had written it after e2 began.
+    pg.psql(&format!("UPDATE haven_log SET epoch = {e1} WHERE lsn = 5"))
+        .expect("psql");
+    let mut m = acquire(&store).await;
+    let err = open_error(&mut m);
+    assert!(
+        err.contains(&format!("epoch {e1} after record 4 of epoch {e2}")),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_refuses_a_hole_in_the_log() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    two_terms(&store).await;
+    pg.psql("DELETE FROM haven_log WHERE lsn = 3")
+        .expect("psql");
+    let mut m = acquire(&store).await;
+    let err = open_error(&mut m);
+    assert!(err.contains("record 2 is followed by record 4"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_newer_than_the_broker_is_refused() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    drop(acquire(&store).await);
+    pg.psql("UPDATE haven_meta SET value = '99' WHERE key = 'schema_version'")
+        .expect("psql");
+    let err = tokio::time::timeout(DEADLINE, store.acquire())
+        .await
+        .expect("refused at once, not retried")
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("schema version is 99"), "{err}");
+}
+
+#[test]
+fn a_bad_url_is_refused_before_connecting() {
+    let ha = short("postgres://a:b@[::1:5432/x?sslmode=nonsense");
+    let err = haven_store_pg::PgSharedStore::new(&ha, "a", RECORD_BYTES_MAX)
+        .err()
+        .expect("refused");
+    assert!(err.is_fatal(), "{err}");
+    let tls = short("postgres://u@127.0.0.1/x?sslmode=require");
+    let err = haven_store_pg::PgSharedStore::new(&tls, "a", RECORD_BYTES_MAX)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("TLS"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_row_is_recreated_above_every_epoch_in_the_log() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let (_, e2) = two_terms(&store).await;
+    pg.psql("DELETE FROM haven_lease").expect("psql");
+    let mut m = acquire(&store).await;
+    assert!(m.epoch > e2, "epoch {} after {e2}", m.epoch);
+    let (log, seen) = open(&mut m);
+    assert_eq!(seen.len(), 5);
+    assert_eq!(log.next_lsn(), 6);
+}
+
+#[test]
+fn lease_timings_that_could_expire_before_renewal_are_refused() {
+    let ha = haven_server::HaConfig {
+        lease_ms: 1_000,
+        renew_ms: 500,
+        lease_margin_ms: 100,
+        ..short("postgres://u@127.0.0.1/x")
+    };
+    let err = haven_store_pg::PgSharedStore::new(&ha, "a", RECORD_BYTES_MAX)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("twice renew_ms"), "{err}");
+}
