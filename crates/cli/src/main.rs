@@ -168,8 +168,21 @@ async fn run_shared_store(cfg: Config) -> ExitCode {
     let store: Arc<dyn SharedStore> = match cfg.ha.mode {
         HaMode::SharedFs => Arc::new(SharedFsStore::new(&cfg)),
         HaMode::SharedDb => {
-            eprintln!("haven: [ha] mode = \"shared-db\" is not built yet");
-            return ExitCode::from(2);
+            // A record must fit what the local journal would take, so a store can move between
+            // modes; PostgreSQL itself takes up to 1 GB per value.
+            let mut journal = haven_journal::JournalConfig::new(cfg.journal.dir.clone());
+            journal.segment_bytes = cfg.journal.segment_bytes;
+            match haven_store_pg::PgSharedStore::new(
+                &cfg.ha,
+                &cfg.broker.name,
+                journal.record_bytes_max(),
+            ) {
+                Ok(store) => Arc::new(store),
+                Err(e) => {
+                    eprintln!("haven: {e}");
+                    return ExitCode::from(2);
+                }
+            }
         }
         HaMode::Standalone => unreachable!("standalone runs Server::start"),
     };

@@ -280,9 +280,42 @@ impl BrokerProcess {
         Ok(())
     }
 
-    /// Freezes the process (SIGSTOP): its sockets stay open but it answers nothing.
+    /// Freezes the process (SIGSTOP): its sockets stay open but it answers nothing. Returns
+    /// once the kernel reports it stopped (state `T`), so nothing the test does next can race
+    /// the last instructions the process ran.
     pub fn sigstop(&mut self) -> Result<(), TestkitError> {
-        self.signal(libc::SIGSTOP)
+        self.signal(libc::SIGSTOP)?;
+        let pid = self.child_mut()?.id();
+        let deadline = Instant::now() + Duration::from_millis(STOP_TIMEOUT_MS);
+        loop {
+            // Every thread, not just the leader: a group stop completes thread by thread.
+            let mut state = None;
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map_err(io(format!("list /proc/{pid}/task")))?;
+            for task in tasks.flatten() {
+                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                // The state follows the command name, which is in parentheses.
+                let s = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .map(str::to_string);
+                if !matches!(s.as_deref(), Some("T") | Some("t")) {
+                    state = Some(s);
+                    break;
+                }
+            }
+            let Some(state) = state else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                return Err(TestkitError::Signal {
+                    signal: libc::SIGSTOP,
+                    pid,
+                    source: std::io::Error::other(format!("still in state {state:?}")),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Thaws a process frozen by [`BrokerProcess::sigstop`].
