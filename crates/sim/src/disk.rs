@@ -959,6 +959,72 @@ mod tests {
         assert_eq!(seen.first(), Some(&(SEGMENT_RECORDS + 1)));
     }
 
+    fn open_fenced(disk: &SimDisk, epoch: u64, host: usize) -> (Box<dyn DurableLog>, Vec<Lsn>) {
+        let mut seen = Vec::new();
+        let log = disk
+            .fenced_store(epoch, host)
+            .open(&mut |lsn, _| {
+                seen.push(lsn);
+                Ok(())
+            })
+            .expect("open");
+        (log, seen)
+    }
+
+    async fn wait_durable(log: &dyn DurableLog, lsn: Lsn) {
+        let mut rx = log.durable();
+        while *rx.borrow_and_update() != Ok(lsn) {
+            rx.changed().await.expect("sync");
+        }
+    }
+
+    /// A master paused with a write in flight wakes up deposed: the write is refused when it
+    /// reaches the store, so are its later ones, and its log fails.
+    #[tokio::test(start_paused = true)]
+    async fn a_deposed_masters_writes_are_refused_and_its_log_fails() {
+        let disk = SimDisk::new("d", 1);
+        disk.grant(1);
+        let (mut old, _) = open_fenced(&disk, 1, 0);
+        old.append(b"a");
+        old.flush();
+        wait_durable(&*old, 1).await;
+        disk.cut_off(0);
+        assert_eq!(old.append(b"in flight"), 2);
+        disk.grant(2);
+        let (mut new, seen) = open_fenced(&disk, 2, 1);
+        assert_eq!(seen, vec![1], "the held write never reached the store");
+        disk.reconnect(0);
+        assert!(
+            old.durable_lsn().is_err(),
+            "the deposed master's log failed"
+        );
+        assert_eq!(old.append(b"late"), 3, "its LSNs do not go backwards");
+        assert_eq!(new.append(b"b"), 2);
+        let stats = disk.stats();
+        // One refusal: after it the log has failed and sends the store nothing more.
+        assert_eq!((stats.refused_writes, stats.stale_records), (1, 0));
+        assert_eq!(disk.check_step(), Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_fencing_a_deposed_masters_record_is_a_violation() {
+        let disk = SimDisk::new("d", 1);
+        disk.disable_fencing();
+        disk.grant(1);
+        let (mut old, _) = open_fenced(&disk, 1, 0);
+        disk.grant(2);
+        let (mut new, _) = open_fenced(&disk, 2, 1);
+        new.append(b"new");
+        old.append(b"stale");
+        assert_eq!(disk.stats().stale_records, 1);
+        let v = disk.check_step();
+        assert!(
+            v[0].contains("record 2 of epoch 1 stored after epoch 2"),
+            "{v:?}"
+        );
+        assert!(v[1].contains("split brain"), "{v:?}");
+    }
+
     #[test]
     #[should_panic(expected = "from before a crash")]
     fn a_handle_from_before_a_crash_cannot_write() {

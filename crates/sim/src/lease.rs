@@ -337,3 +337,51 @@ async fn keep_lease(lease: SimLease, host: usize, epoch: u64, lost: watch::Sende
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleep_ms(ms: u64) -> tokio::time::Sleep {
+        tokio::time::sleep(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn a_lease_is_exclusive_until_it_expires_and_each_grant_moves_the_fence() {
+        let mut sim = turmoil::Builder::new()
+            .tick_duration(Duration::from_millis(1))
+            .build();
+        let disk = SimDisk::new("d", 1);
+        let lease = SimLease::new(disk.clone(), 2, LeaseTimes::SIM);
+        let lease_ms = LeaseTimes::SIM.lease_ms;
+        sim.client("test", async move {
+            assert_eq!(lease.try_acquire(0), Some(1));
+            assert_eq!(lease.try_acquire(1), None, "held");
+            sleep_ms(lease_ms - 1).await;
+            assert_eq!(lease.renew(0, 1), Renewal::Renewed);
+            sleep_ms(lease_ms - 1).await;
+            assert_eq!(lease.try_acquire(1), None, "renewed, not expired yet");
+            sleep_ms(2).await;
+            assert_eq!(lease.try_acquire(1), Some(2), "expired: taken over");
+            assert!(matches!(lease.renew(0, 1), Renewal::Gone(_)));
+            // The deposed epoch is fenced at the store.
+            let refused = disk
+                .fenced_store(1, 0)
+                .open(&mut |_, _| Ok(()))
+                .map(|_| ())
+                .expect_err("a stale epoch cannot open")
+                .to_string();
+            assert!(refused.contains("newer master"), "{refused}");
+            // A crashed holder's session ends at once.
+            lease.host_crashed(1);
+            assert_eq!(lease.try_acquire(0), Some(3));
+            disk.cut_off(0);
+            assert_eq!(lease.renew(0, 3), Renewal::Unreachable);
+            disk.reconnect(0);
+            assert_eq!(lease.renew(0, 3), Renewal::Renewed);
+            assert_eq!(lease.granted_to(2), Some(1));
+            Ok(())
+        });
+        sim.run().expect("lease test");
+    }
+}
