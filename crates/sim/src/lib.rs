@@ -11,6 +11,8 @@
 
 pub mod disk;
 pub mod edges;
+pub mod lease;
 mod run;
+pub mod shared;
 
-pub use run::{run, FaultCounts, Mode, Outcome, SimConfig};
+pub use run::{run, FaultCounts, Mode, Outcome, SharedStats, SimConfig};

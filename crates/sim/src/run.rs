@@ -9,6 +9,8 @@
 
 use crate::disk::{DiskStats, SimDisk};
 use crate::edges::{SimClock, SimDialer, SimNetwork};
+use crate::lease::{LeaseTimes, SimLease, SimSharedStore};
+use crate::shared::{serve_shared, Role, Roles};
 use haven_client::{AckMode, Client, ClientError, ConnectOptions, Dialer};
 use haven_server::{Config, Env, Server};
 use haven_testkit::{Duplicates, History, Report, SendOutcome};
@@ -32,6 +34,15 @@ const SEND_PAUSE_MS: u64 = 25;
 const PIPELINE_BATCH: usize = 4;
 /// SENDs per transaction of the transacted producer.
 const TX_SENDS: usize = 3;
+/// Shared-store mode: how often a fault aims at the master rather than a random host.
+const SHARED_FAULTS_AT_MASTER_PERCENT: u32 = 70;
+/// Shared-store mode: a pause lasts this long, in ms: from well inside the lease
+/// (`LeaseTimes::SIM`, 3 s) to twice past it.
+const PAUSE_MS_MIN: u64 = 500;
+const PAUSE_MS_MAX: u64 = 6_000;
+/// Shared-store mode: how long a host stays cut off from the storage, in ms.
+const STORAGE_CUT_MS_MIN: u64 = 500;
+const STORAGE_CUT_MS_MAX: u64 = 5_000;
 /// Bound on the sim beyond the healing bound, so turmoil's own limit never fires first.
 const SIM_SLACK_MS: u64 = 60_000;
 
@@ -43,13 +54,16 @@ pub enum Mode {
     /// Three standalone brokers, each with its own disk: nothing receipted is lost (a message
     /// may be stored on two brokers when a RECEIPT was lost with one of them).
     Standalone,
+    /// Three brokers sharing one disk, master/slave through a lease (`crate::lease`): exactly
+    /// once, in order, and the store's invariants checked at every step.
+    SharedStore,
 }
 
 impl Mode {
     pub fn brokers(self) -> usize {
         match self {
             Mode::ExactlyOnce => 1,
-            Mode::Standalone => 3,
+            Mode::Standalone | Mode::SharedStore => 3,
         }
     }
 }
@@ -60,8 +74,9 @@ impl std::str::FromStr for Mode {
         match s {
             "exactly-once" => Ok(Mode::ExactlyOnce),
             "standalone" => Ok(Mode::Standalone),
+            "shared-store" => Ok(Mode::SharedStore),
             other => Err(format!(
-                "unknown mode {other:?} (exactly-once | standalone)"
+                "unknown mode {other:?} (exactly-once | standalone | shared-store)"
             )),
         }
     }
@@ -72,6 +87,7 @@ impl fmt::Display for Mode {
         f.write_str(match self {
             Mode::ExactlyOnce => "exactly-once",
             Mode::Standalone => "standalone",
+            Mode::SharedStore => "shared-store",
         })
     }
 }
@@ -89,6 +105,9 @@ pub struct SimConfig {
     /// A disk that reports syncs it did not do: the run must then find lost messages. Only
     /// for showing that the checker catches a broken log.
     pub lying_disk: bool,
+    /// Shared-store mode: the disk refuses writes from a deposed master's epoch. Switched off
+    /// only by the negative test, which must then see the invariants fail.
+    pub store_fencing: bool,
 }
 
 impl SimConfig {
@@ -101,6 +120,7 @@ impl SimConfig {
             fault_ms: 15_000,
             heal_ms_max: 120_000,
             lying_disk: false,
+            store_fencing: true,
         }
     }
 }
@@ -119,6 +139,10 @@ pub struct Outcome {
     /// Simulated milliseconds the run took.
     pub sim_ms: u64,
     pub disks: Vec<DiskStats>,
+    /// Invariants broken during the run (checked at every step); the run stops at the first.
+    pub violations: Vec<String>,
+    /// Shared-store mode: what the lease and the fence did.
+    pub shared: Option<SharedStats>,
     pub trace_digest: u32,
     pub trace: Vec<String>,
 }
@@ -130,17 +154,45 @@ pub struct FaultCounts {
     pub partitions: u64,
     pub clock_jumps: u64,
     pub disk_failures: u64,
+    /// Shared-store mode: stop-the-world pauses of a host (often the master, often past its
+    /// lease).
+    pub pauses: u64,
+    /// Shared-store mode: a host cut off from the storage (and so from the lease).
+    pub storage_cuts: u64,
+    /// Shared-store mode: the master killed, then its successor as soon as it serves (each
+    /// kill is also counted in `crashes`).
+    pub double_kills: u64,
 }
 
 impl FaultCounts {
     pub fn total(&self) -> u64 {
-        self.crashes + self.holds + self.partitions + self.clock_jumps + self.disk_failures
+        self.crashes
+            + self.holds
+            + self.partitions
+            + self.clock_jumps
+            + self.disk_failures
+            + self.pauses
+            + self.storage_cuts
     }
+}
+
+/// What the shared store's lease and fence did in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedStats {
+    /// Epochs granted: masters elected.
+    pub masters: u64,
+    /// Renewals by masters, and expired leases a slave took over.
+    pub renewals: u64,
+    pub expired_takeovers: u64,
+    /// Writes of a deposed master refused by the store.
+    pub refused_writes: u64,
+    /// Records stored from a deposed master's epoch (must be 0).
+    pub stale_records: u64,
 }
 
 impl Outcome {
     pub fn ok(&self) -> bool {
-        self.report.is_ok() && self.liveness.is_none()
+        self.report.is_ok() && self.liveness.is_none() && self.violations.is_empty()
     }
 }
 
@@ -165,6 +217,22 @@ impl fmt::Display for Outcome {
             self.faults.clock_jumps,
             self.faults.disk_failures
         )?;
+        if let Some(s) = &self.shared {
+            writeln!(
+                f,
+                "  shared store: {} pauses, {} storage cuts, {} double kills; {} masters, {} \
+                 renewals, {} expired leases taken over, {} stale writes refused, {} stale \
+                 records stored",
+                self.faults.pauses,
+                self.faults.storage_cuts,
+                self.faults.double_kills,
+                s.masters,
+                s.renewals,
+                s.expired_takeovers,
+                s.refused_writes,
+                s.stale_records
+            )?;
+        }
         writeln!(
             f,
             "  messages: {} attempted, {} receipted, {} unknown, {} delivered ({} deliveries), \
@@ -189,6 +257,9 @@ impl fmt::Display for Outcome {
         )?;
         if let Some(l) = &self.liveness {
             writeln!(f, "  liveness: {l}")?;
+        }
+        for v in &self.violations {
+            writeln!(f, "  invariant violated: {v}")?;
         }
         if !r.is_ok() {
             writeln!(f, "  {r}")?;
@@ -273,6 +344,10 @@ enum Heal {
     Restart(usize),
     Release(String, String),
     Repair(String, String),
+    /// End a host's pause: its client links flow again and it runs its lease check.
+    Resume(usize),
+    /// A host reaches the storage again.
+    Reconnect(usize),
 }
 
 type SimResult = Result<(), Box<dyn std::error::Error>>;
@@ -296,19 +371,52 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         .build();
     let trace = Trace::default();
     let history = Arc::new(History::new());
-    let disks: Vec<SimDisk> = (0..brokers)
+    let shared = cfg.mode == Mode::SharedStore;
+    // One disk per broker, or the one disk all brokers share.
+    let disks: Vec<SimDisk> = (0..if shared { 1 } else { brokers })
         .map(|i| {
-            let disk = SimDisk::new(&broker_name(i), cfg.seed.wrapping_add(1 + i as u64));
+            let name = if shared {
+                "shared".to_string()
+            } else {
+                broker_name(i)
+            };
+            let disk = SimDisk::new(&name, cfg.seed.wrapping_add(1 + i as u64));
             if cfg.lying_disk {
                 disk.lie_about_syncs();
+            }
+            if !cfg.store_fencing {
+                disk.disable_fencing();
             }
             disk
         })
         .collect();
     let clocks: Vec<SimClock> = (0..brokers).map(|_| SimClock::default()).collect();
+    let lease = SimLease::new(disks[0].clone(), brokers, LeaseTimes::SIM);
+    let roles = Roles::new(brokers);
     for i in 0..brokers {
-        let (disk, clock, trace) = (disks[i].clone(), clocks[i].clone(), trace.clone());
+        let clock = clocks[i].clone();
+        let trace = trace.clone();
         let name = broker_name(i);
+        if shared {
+            let (disk, lease, roles) = (disks[0].clone(), lease.clone(), roles.clone());
+            sim.host(broker_name(i), move || {
+                let store = SimSharedStore {
+                    lease: lease.clone(),
+                    disk: disk.clone(),
+                    host: i,
+                };
+                let (clock, roles, trace) = (clock.clone(), roles.clone(), trace.clone());
+                async move {
+                    serve_shared(broker_config(), store, clock, roles, move |line| {
+                        trace.add(line)
+                    })
+                    .await?;
+                    Ok(())
+                }
+            });
+            continue;
+        }
+        let disk = disks[i].clone();
         sim.host(broker_name(i), move || {
             let (disk, clock, trace, name) =
                 (disk.clone(), clock.clone(), trace.clone(), name.clone());
@@ -426,7 +534,8 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         sim.client("consumer", async move {
             let all_sent = || done.load(Ordering::SeqCst) == producers;
             match mode {
-                Mode::ExactlyOnce => {
+                // One store: exactly once, whichever broker serves it.
+                Mode::ExactlyOnce | Mode::SharedStore => {
                     consume(&uri, opts, &history, &trace, || {
                         all_sent() && history.missing() == 0
                     })
@@ -461,10 +570,15 @@ pub fn run(cfg: &SimConfig) -> Outcome {
     let mut next_fault_ms = rng.gen_range(300..1_500);
     let mut healing = false;
     let mut liveness = None;
+    let mut violations = Vec::new();
+    // Shared-store mode: the first master of a double kill; its successor dies as it serves.
+    let mut kill_next: Option<usize> = None;
+    let mut storage_cut = vec![false; brokers];
     let clients: Vec<String> = (0..cfg.producers)
         .map(|p| format!("producer{p}"))
         .chain(std::iter::once("consumer".to_string()))
         .collect();
+    let mut step = 0u64;
     let sim_ms = loop {
         let finished = match sim.step() {
             Ok(f) => f,
@@ -473,7 +587,13 @@ pub fn run(cfg: &SimConfig) -> Outcome {
                 break sim.elapsed().as_millis() as u64;
             }
         };
+        step += 1;
         let now = sim.elapsed().as_millis() as u64;
+        // The invariants, after every step.
+        if let Some(v) = check_step(&disks, shared.then_some((&roles, &lease))) {
+            violations.push(format!("step {step} ({now} simulated ms): {v}"));
+            break now;
+        }
         if finished {
             break now;
         }
@@ -496,6 +616,19 @@ pub fn run(cfg: &SimConfig) -> Outcome {
                         trace.add_at(now, format_args!("repair {a} <-> {b}"));
                         sim.repair(a.as_str(), b.as_str());
                     }
+                    Heal::Resume(b) => {
+                        trace.add_at(now, format_args!("resume {}", broker_name(b)));
+                        for c in &clients {
+                            sim.release(c.as_str(), broker_name(b).as_str());
+                        }
+                        lease.set_paused(b, false);
+                        disks[0].reconnect(b);
+                    }
+                    Heal::Reconnect(b) => {
+                        trace.add_at(now, format_args!("storage reaches {}", broker_name(b)));
+                        storage_cut[b] = false;
+                        disks[0].reconnect(b);
+                    }
                 }
             } else {
                 i += 1;
@@ -503,48 +636,131 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         }
         if !healing && now >= cfg.fault_ms {
             healing = true;
+            kill_next = None;
             trace.add_at(now, "healing");
+        }
+        // The second kill of a double kill: the successor, as soon as it serves.
+        if let Some(first) = kill_next {
+            if let Some((b, epoch)) = newest_master(&roles).filter(|(b, _)| *b != first) {
+                kill_next = None;
+                if states[b] == BrokerState::Up {
+                    faults.crashes += 1;
+                    trace.add_at(
+                        now,
+                        format_args!("crash {} (its successor, epoch {epoch})", broker_name(b)),
+                    );
+                    crash_shared(&mut sim, &lease, &roles, b);
+                    states[b] = BrokerState::Crashed;
+                    heals.push((now + rng.gen_range(100..4_000), Heal::Restart(b)));
+                }
+            }
         }
         if !healing && now >= next_fault_ms {
             next_fault_ms = now + rng.gen_range(200..2_500);
-            let b = rng.gen_range(0..brokers);
-            let broker = broker_name(b);
             let client = clients[rng.gen_range(0..clients.len())].clone();
             let heal_at = now + rng.gen_range(100..4_000);
-            match rng.gen_range(0..100) {
-                0..=34 if states[b] == BrokerState::Up => {
-                    faults.crashes += 1;
-                    trace.add_at(now, format_args!("crash {broker}"));
-                    sim.crash(broker.as_str());
-                    states[b] = BrokerState::Crashed;
-                    heals.push((heal_at, Heal::Restart(b)));
+            if shared {
+                // Most faults aim at the master, where they matter; else at a random host.
+                let b = match newest_master(&roles) {
+                    Some((m, _)) if rng.gen_range(0..100) < SHARED_FAULTS_AT_MASTER_PERCENT => m,
+                    _ => rng.gen_range(0..brokers),
+                };
+                let broker = broker_name(b);
+                match rng.gen_range(0..100) {
+                    0..=29 if states[b] == BrokerState::Up => {
+                        faults.crashes += 1;
+                        trace.add_at(now, format_args!("crash {broker}"));
+                        crash_shared(&mut sim, &lease, &roles, b);
+                        states[b] = BrokerState::Crashed;
+                        heals.push((heal_at, Heal::Restart(b)));
+                    }
+                    30..=39 if states[b] == BrokerState::Up && kill_next.is_none() => {
+                        faults.crashes += 1;
+                        faults.double_kills += 1;
+                        trace.add_at(now, format_args!("crash {broker} (double kill)"));
+                        crash_shared(&mut sim, &lease, &roles, b);
+                        states[b] = BrokerState::Crashed;
+                        heals.push((heal_at, Heal::Restart(b)));
+                        kill_next = Some(b);
+                    }
+                    40..=54 if !lease.paused(b) => {
+                        faults.pauses += 1;
+                        let until = now + rng.gen_range(PAUSE_MS_MIN..PAUSE_MS_MAX);
+                        trace.add_at(now, format_args!("pause {broker} until {until}"));
+                        for c in &clients {
+                            sim.hold(c.as_str(), broker.as_str());
+                        }
+                        lease.set_paused(b, true);
+                        // Its writes in flight stall with it.
+                        disks[0].cut_off(b);
+                        heals.push((until, Heal::Resume(b)));
+                    }
+                    55..=66 if !storage_cut[b] => {
+                        faults.storage_cuts += 1;
+                        let until = now + rng.gen_range(STORAGE_CUT_MS_MIN..STORAGE_CUT_MS_MAX);
+                        trace.add_at(now, format_args!("cut {broker} from storage until {until}"));
+                        storage_cut[b] = true;
+                        disks[0].cut_off(b);
+                        heals.push((until, Heal::Reconnect(b)));
+                    }
+                    67..=77 => {
+                        faults.holds += 1;
+                        trace.add_at(now, format_args!("hold {client} <-> {broker}"));
+                        sim.hold(client.as_str(), broker.as_str());
+                        heals.push((heal_at, Heal::Release(client, broker)));
+                    }
+                    78..=89 => {
+                        faults.partitions += 1;
+                        trace.add_at(now, format_args!("partition {client} <-> {broker}"));
+                        sim.partition(client.as_str(), broker.as_str());
+                        heals.push((heal_at, Heal::Repair(client, broker)));
+                    }
+                    90..=99 => {
+                        faults.clock_jumps += 1;
+                        let delta = rng.gen_range(-3_600_000i64..=3_600_000);
+                        trace.add_at(now, format_args!("clock {broker} {delta:+} ms"));
+                        clocks[b].jump(delta);
+                    }
+                    _ => {}
                 }
-                35..=59 => {
-                    faults.holds += 1;
-                    trace.add_at(now, format_args!("hold {client} <-> {broker}"));
-                    sim.hold(client.as_str(), broker.as_str());
-                    heals.push((heal_at, Heal::Release(client, broker)));
+            } else {
+                let b = rng.gen_range(0..brokers);
+                let broker = broker_name(b);
+                match rng.gen_range(0..100) {
+                    0..=34 if states[b] == BrokerState::Up => {
+                        faults.crashes += 1;
+                        trace.add_at(now, format_args!("crash {broker}"));
+                        sim.crash(broker.as_str());
+                        states[b] = BrokerState::Crashed;
+                        heals.push((heal_at, Heal::Restart(b)));
+                    }
+                    35..=59 => {
+                        faults.holds += 1;
+                        trace.add_at(now, format_args!("hold {client} <-> {broker}"));
+                        sim.hold(client.as_str(), broker.as_str());
+                        heals.push((heal_at, Heal::Release(client, broker)));
+                    }
+                    60..=79 => {
+                        faults.partitions += 1;
+                        trace.add_at(now, format_args!("partition {client} <-> {broker}"));
+                        sim.partition(client.as_str(), broker.as_str());
+                        heals.push((heal_at, Heal::Repair(client, broker)));
+                    }
+                    80..=91 => {
+                        faults.clock_jumps += 1;
+                        let delta = rng.gen_range(-3_600_000i64..=3_600_000);
+                        trace.add_at(now, format_args!("clock {broker} {delta:+} ms"));
+                        clocks[b].jump(delta);
+                    }
+                    92..=99 if states[b] == BrokerState::Up => {
+                        faults.disk_failures += 1;
+                        trace.add_at(now, format_args!("disk failure {broker}"));
+                        disks[b].fail_syncs();
+                        states[b] = BrokerState::DiskFailed;
+                        heals.push((heal_at, Heal::Restart(b)));
+                    }
+                    _ => {}
                 }
-                60..=79 => {
-                    faults.partitions += 1;
-                    trace.add_at(now, format_args!("partition {client} <-> {broker}"));
-                    sim.partition(client.as_str(), broker.as_str());
-                    heals.push((heal_at, Heal::Repair(client, broker)));
-                }
-                80..=91 => {
-                    faults.clock_jumps += 1;
-                    let delta = rng.gen_range(-3_600_000i64..=3_600_000);
-                    trace.add_at(now, format_args!("clock {broker} {delta:+} ms"));
-                    clocks[b].jump(delta);
-                }
-                92..=99 if states[b] == BrokerState::Up => {
-                    faults.disk_failures += 1;
-                    trace.add_at(now, format_args!("disk failure {broker}"));
-                    disks[b].fail_syncs();
-                    states[b] = BrokerState::DiskFailed;
-                    heals.push((heal_at, Heal::Restart(b)));
-                }
-                _ => {}
             }
         }
         if healing && now > cfg.fault_ms + cfg.heal_ms_max {
@@ -562,10 +778,21 @@ pub fn run(cfg: &SimConfig) -> Outcome {
     // Release the simulation (and every task in it) before reading the shared state.
     drop(sim);
     let duplicates = match cfg.mode {
-        Mode::ExactlyOnce => Duplicates::Forbidden,
+        Mode::ExactlyOnce | Mode::SharedStore => Duplicates::Forbidden,
         Mode::Standalone => Duplicates::Counted,
     };
-    let report = history.check(duplicates, cfg.mode == Mode::ExactlyOnce);
+    let disk_stats: Vec<DiskStats> = disks.iter().map(SimDisk::stats).collect();
+    let shared_stats = shared.then(|| {
+        let (renewals, expired_takeovers) = lease.counts();
+        SharedStats {
+            masters: lease.grants().len() as u64,
+            renewals,
+            expired_takeovers,
+            refused_writes: disk_stats[0].refused_writes,
+            stale_records: disk_stats[0].stale_records,
+        }
+    });
+    let report = history.check(duplicates, cfg.mode != Mode::Standalone);
     let lines = trace.lines();
     let mut digest = 0u32;
     for l in &lines {
@@ -579,10 +806,52 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         faults,
         liveness,
         sim_ms,
-        disks: disks.iter().map(SimDisk::stats).collect(),
+        disks: disk_stats,
+        violations,
+        shared: shared_stats,
         trace_digest: digest,
         trace: lines,
     }
+}
+
+/// The per-step invariants: the store's (record order, fencing, durability; see
+/// `SimDisk::check_step`) and, in the shared-store mode, at most one broker serving per
+/// epoch, each only an epoch granted to it. The first one broken, if any.
+fn check_step(disks: &[SimDisk], shared: Option<(&Roles, &SimLease)>) -> Option<String> {
+    for disk in disks {
+        if let Some(v) = disk.check_step().into_iter().next() {
+            return Some(v);
+        }
+    }
+    let (roles, lease) = shared?;
+    let serving = roles.serving();
+    for (i, &(host, epoch)) in serving.iter().enumerate() {
+        if let Some((other, _)) = serving[i + 1..].iter().find(|(_, e)| *e == epoch) {
+            return Some(format!(
+                "two brokers serve epoch {epoch}: broker{host} and broker{other}"
+            ));
+        }
+        if lease.granted_to(epoch) != Some(host) {
+            return Some(format!(
+                "broker{host} serves epoch {epoch}, which was granted to {:?}",
+                lease.granted_to(epoch).map(broker_name)
+            ));
+        }
+    }
+    None
+}
+
+/// The serving broker with the newest epoch: the master, unless a newer one has been granted
+/// and not started serving yet (then a deposed one that has not noticed).
+fn newest_master(roles: &Roles) -> Option<(usize, u64)> {
+    roles.serving().into_iter().max_by_key(|&(_, epoch)| epoch)
+}
+
+/// Crashes a shared-store host: its tasks die, its storage session (and lease) ends.
+fn crash_shared(sim: &mut turmoil::Sim<'_>, lease: &SimLease, roles: &Roles, host: usize) {
+    sim.crash(broker_name(host).as_str());
+    lease.host_crashed(host);
+    roles.set(host, Role::Down);
 }
 
 /// One transaction of `ids`: BEGIN, a SEND each, COMMIT. All receipted if the COMMIT is

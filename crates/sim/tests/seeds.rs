@@ -1,15 +1,18 @@
 //! The deterministic simulation in CI: a fixed list of seeds, a few random ones, the replay
-//! check, and proof that the checker catches a broken log. Each run is a whole simulated
+//! check, and proof that the checker catches a broken log and the shared-store invariants
+//! catch a store that does not fence. Each run is a whole simulated
 //! minute or more of brokers crashing, links held and cut, clocks jumping and disks failing;
 //! in real time one takes well under a second in a release build.
 //!
 //! Overnight: `cargo run --release -p haven-sim -- --first 1000 --seeds 10000`.
 
-use haven_sim::{run, Mode, Outcome, SimConfig};
+use haven_sim::{run, FaultCounts, Mode, Outcome, SharedStats, SimConfig};
 
-/// Seeds every CI run checks, in both modes.
+/// Every mode, each run for every seed.
+const MODES: [Mode; 3] = [Mode::ExactlyOnce, Mode::Standalone, Mode::SharedStore];
+/// Seeds every CI run checks, in every mode.
 const FIXED_SEEDS: std::ops::Range<u64> = 1..21;
-/// Random seeds per CI run, in both modes (printed, so a failure can be replayed).
+/// Random seeds per CI run, in every mode (printed, so a failure can be replayed).
 const RANDOM_SEEDS: usize = 5;
 
 fn check(outcome: &Outcome) {
@@ -20,24 +23,52 @@ fn check(outcome: &Outcome) {
     );
 }
 
-fn run_seeds(seeds: impl IntoIterator<Item = u64>) {
+/// Runs every seed in every mode, checks each, and returns what the shared-store runs did.
+fn run_seeds(seeds: impl IntoIterator<Item = u64>) -> (FaultCounts, SharedStats) {
     let (mut runs, mut faults, mut messages) = (0, 0, 0);
+    let (mut shared_faults, mut shared) = (FaultCounts::default(), SharedStats::default());
     for seed in seeds {
-        for mode in [Mode::ExactlyOnce, Mode::Standalone] {
+        for mode in MODES {
             let outcome = run(&SimConfig::new(seed, mode));
             check(&outcome);
             runs += 1;
             faults += outcome.faults.total();
             messages += outcome.report.attempted;
+            if let Some(s) = outcome.shared {
+                let f = outcome.faults;
+                shared_faults.crashes += f.crashes;
+                shared_faults.pauses += f.pauses;
+                shared_faults.storage_cuts += f.storage_cuts;
+                shared_faults.double_kills += f.double_kills;
+                shared.masters += s.masters;
+                shared.expired_takeovers += s.expired_takeovers;
+                shared.refused_writes += s.refused_writes;
+                shared.stale_records += s.stale_records;
+            }
         }
     }
     println!("{runs} runs, {faults} faults, {messages} messages: all held");
+    println!("shared store: {shared_faults:?}, {shared:?}");
     assert!(faults > 0, "no fault was injected");
+    (shared_faults, shared)
 }
 
 #[test]
 fn the_fixed_seeds_lose_nothing_and_duplicate_nothing() {
-    run_seeds(FIXED_SEEDS);
+    let (faults, shared) = run_seeds(FIXED_SEEDS);
+    // The shared-store scenarios did happen: otherwise the seeds above proved nothing
+    // about master/slave.
+    assert!(faults.double_kills > 0, "no double kill: {faults:?}");
+    assert!(faults.pauses > 0 && faults.storage_cuts > 0, "{faults:?}");
+    assert!(
+        shared.expired_takeovers > 0,
+        "no slave took over an expired lease: {shared:?}"
+    );
+    assert!(
+        shared.refused_writes > 0,
+        "no deposed master tried to write, so the fence was not tested: {shared:?}"
+    );
+    assert_eq!(shared.stale_records, 0);
 }
 
 #[test]
@@ -59,7 +90,7 @@ fn random_seeds_lose_nothing_and_duplicate_nothing() {
 #[test]
 fn a_seed_replays_exactly() {
     for seed in [3, 14, 27] {
-        for mode in ["exactly-once", "standalone"] {
+        for mode in ["exactly-once", "standalone", "shared-store"] {
             let trace = || {
                 let out = std::process::Command::new(env!("CARGO_BIN_EXE_haven-sim"))
                     .args(["--seed", &seed.to_string(), "--mode", mode, "--trace"])
@@ -103,4 +134,44 @@ fn a_lying_disk_is_caught_as_lost_messages() {
         caught >= 5,
         "only {caught} of 10 lying-disk runs reported lost messages"
     );
+}
+
+/// With the store's epoch fencing off, a deposed master that wakes up from a pause stores its
+/// records after the new master's grant: the per-step invariants must catch it, at the step
+/// it happens. Proves the shared-store invariants can fail, and fail for the right reason.
+#[test]
+fn an_unfenced_store_is_caught_storing_a_deposed_masters_records() {
+    /// Seeds tried, in order, until one shows the violation (seed 3 does, 2026-12-01).
+    const SEEDS_MAX: u64 = 20;
+    let mut tried = Vec::new();
+    for seed in 1..=SEEDS_MAX {
+        let mut cfg = SimConfig::new(seed, Mode::SharedStore);
+        cfg.store_fencing = false;
+        let outcome = run(&cfg);
+        if let Some(v) = outcome.violations.first() {
+            assert!(
+                v.contains("stored after epoch") || v.contains("reported to the master of epoch"),
+                "seed {seed}: the wrong invariant failed: {v}"
+            );
+            assert!(!outcome.ok());
+            return;
+        }
+        tried.push(seed);
+    }
+    panic!("no unfenced run stored a stale record (seeds {tried:?})");
+}
+
+/// Found by the first shared-store sweep (2026-12-01, seeds 1000-1199): 4 receipted messages
+/// of the pipelined producer (p1-365..368) are never delivered. They were in flight to the
+/// master of epoch 2 (broker1) when it was paused for 3.1 s; the lease expired, epochs 3 and 4
+/// took over; on resuming, broker1's held writes were refused by the fence and it stepped
+/// down, but a CONNECT producer1 had queued to it during the pause reached it first ("restore
+/// failed ... connection closed"), and the producer then resumed its session on broker0
+/// (resent=500, confirmed=0) and later counted p1-365..368 as confirmed. Not yet known whether
+/// the client, the broker or the simulation's model is at fault.
+/// Replay: `cargo run -p haven-sim -- --seed 1027 --mode shared-store --trace`.
+#[test]
+#[ignore = "seed 1027 shared-store loses 4 receipted messages: under investigation"]
+fn seed_1027_shared_store_loses_nothing() {
+    check(&run(&SimConfig::new(1027, Mode::SharedStore)));
 }

@@ -2,6 +2,7 @@
 //!
 //!     haven-sim --seed 42 --mode exactly-once --trace   # replay one seed, print its trace
 //!     haven-sim --seeds 1000 --first 5000               # a sweep (e.g. overnight)
+//!     haven-sim --mode shared-store --seeds 20 --unfenced # the store's fence off: must fail
 
 use haven_sim::{run, Mode, SimConfig};
 use std::process::ExitCode;
@@ -12,15 +13,17 @@ struct Args {
     modes: Vec<Mode>,
     trace: bool,
     messages: Option<usize>,
+    unfenced: bool,
 }
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
         first: 0,
         seeds: 1,
-        modes: vec![Mode::ExactlyOnce, Mode::Standalone],
+        modes: vec![Mode::ExactlyOnce, Mode::Standalone, Mode::SharedStore],
         trace: false,
         messages: None,
+        unfenced: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -37,9 +40,13 @@ fn parse() -> Result<Args, String> {
                 args.messages = Some(value()?.parse().map_err(|e| format!("--messages: {e}"))?)
             }
             "--trace" => args.trace = true,
+            // Shows that the shared-store invariants can fail: the store stops refusing a
+            // deposed master's writes.
+            "--unfenced" => args.unfenced = true,
             "-h" | "--help" => {
                 return Err("usage: haven-sim [--seed N | --first N --seeds COUNT] \
-                            [--mode exactly-once|standalone] [--messages PER_PRODUCER] [--trace]"
+                            [--mode exactly-once|standalone|shared-store] [--messages PER_PRODUCER] \
+                            [--trace] [--unfenced]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
@@ -69,6 +76,7 @@ fn main() -> ExitCode {
             if let Some(m) = args.messages {
                 cfg.messages_per_producer = m;
             }
+            cfg.store_fencing = !args.unfenced;
             let outcome = run(&cfg);
             runs += 1;
             messages += outcome.report.attempted;
