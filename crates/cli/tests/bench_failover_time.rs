@@ -16,7 +16,9 @@
 //! The shared-fs variant runs the same trials against a master/slave pair on one journal
 //! directory (`[ha] mode = "shared-fs"`, default settings): the kill frees the lock, the slave
 //! blocked on it becomes master (epoch bump, recovery, listen), and the client reconnects to
-//! it. The killed broker is started again as a slave.
+//! it. The killed broker is started again as a slave. The shared-db variant does the same over
+//! a throwaway PostgreSQL (default lease settings): the dead master's database session ends
+//! with it, so the slave takes the lease without waiting for it to expire.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,6 +67,32 @@ async fn shared_fs_failover_time_kill9_to_first_receipt() {
         })
         .collect();
     trials("shared-fs master/slave", brokers, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+async fn shared_db_failover_time_kill9_to_first_receipt() {
+    let pg = haven_testkit::PgCluster::start().expect("a PostgreSQL test cluster");
+    let dir = tempfile::tempdir().unwrap();
+    let brokers: Vec<BrokerProcess> = (0..2)
+        .map(|i| {
+            let mut opts = BrokerOpts::new(
+                env!("CARGO_BIN_EXE_haven"),
+                dir.path().join(format!("b{i}")),
+                free_addr(),
+            );
+            opts.config_toml = Some(format!(
+                "[broker]\nname = \"b{i}\"\n[ha]\nmode = \"shared-db\"\ndb_url = \"{}\"\n",
+                pg.url()
+            ));
+            if i == 0 {
+                BrokerProcess::start(opts).expect("master starts")
+            } else {
+                BrokerProcess::spawn(opts).expect("slave starts")
+            }
+        })
+        .collect();
+    trials("shared-db master/slave", brokers, true).await;
 }
 
 /// Kills the broker in use `TRIALS` times; `slaves`: brokers come back as slaves (shared
