@@ -136,6 +136,8 @@ pub(crate) struct Core {
     paging: bool,
     /// A failure the engine met (a paged-out message could not be read back): stop.
     fatal: Option<String>,
+    /// The last LSN appended as of the previous loop turn (see the assertion in `run`).
+    appended_last: Lsn,
     /// Shared-store modes: set when mastership is lost (see `crate::ha`).
     lost: Option<watch::Receiver<Option<String>>>,
     /// Record bytes appended since start, and (last LSN, total then) per loop round not yet
@@ -223,6 +225,7 @@ impl Core {
             disk_block: None,
             paging: false,
             fatal: None,
+            appended_last: durable,
             lost,
             appended_bytes: 0,
             appended_marks: VecDeque::new(),
@@ -290,6 +293,15 @@ impl Core {
                 break Err(ServerError::JournalFailed(f));
             }
             let last = self.journal.next_lsn() - 1;
+            // A log numbers on from its own appends, whatever another writer did to the store:
+            // gates (RECEIPTs, CONNECT marks) rely on it.
+            assert!(
+                last >= self.appended_last,
+                "the log's next LSN went back from {} to {}",
+                self.appended_last + 1,
+                last + 1
+            );
+            self.appended_last = last;
             if last <= self.durable {
                 // Everything appended is durable already.
                 self.appended_marks.clear();

@@ -91,6 +91,12 @@ struct Writer {
     flush_to: Lsn,
     sync_running: bool,
     durable_tx: watch::Sender<Result<Lsn, JournalFailure>>,
+    /// One past the last LSN this handle handed out. Its own numbering: a newer master's
+    /// recovery may drop this handle's unsynced records from the store, and the store's next
+    /// LSN then goes back, but a real journal's next LSN never goes back for its writer. (The
+    /// model once let it: a deposed master's CONNECT reply then named a producer mark above
+    /// everything durable, and the client dropped 4 SENDs as stored: sim seed 1027.)
+    next: Lsn,
 }
 
 struct State {
@@ -340,7 +346,8 @@ impl State {
         match self.writers.get(&generation) {
             Some(w) if w.refused_next.is_some() => w.refused_next.expect("checked"),
             Some(w) if !w.held.is_empty() => w.held_base + w.held.len() as u64,
-            _ => self.next_lsn(),
+            Some(w) => self.next_lsn().max(w.next),
+            None => self.next_lsn(),
         }
     }
 
@@ -597,6 +604,7 @@ impl LogStore for SimStore {
                 flush_to: durable,
                 sync_running: false,
                 durable_tx,
+                next: durable + 1,
             },
         );
         drop(st);
@@ -731,6 +739,7 @@ impl DurableLog for SimLog {
             .and_then(|w| w.host)
             .is_some_and(|h| st.cut.contains_key(&h));
         let w = st.writers.get_mut(&generation).expect("open writer");
+        w.next = lsn + 1;
         if let Some(next) = w.refused_next {
             w.refused_next = Some(next + 1);
         } else if cut {

@@ -161,17 +161,16 @@ fn an_unfenced_store_is_caught_storing_a_deposed_masters_records() {
     panic!("no unfenced run stored a stale record (seeds {tried:?})");
 }
 
-/// Found by the first shared-store sweep (2026-12-01, seeds 1000-1199): 4 receipted messages
-/// of the pipelined producer (p1-365..368) are never delivered. They were in flight to the
-/// master of epoch 2 (broker1) when it was paused for 3.1 s; the lease expired, epochs 3 and 4
-/// took over; on resuming, broker1's held writes were refused by the fence and it stepped
-/// down, but a CONNECT producer1 had queued to it during the pause reached it first ("restore
-/// failed ... connection closed"), and the producer then resumed its session on broker0
-/// (resent=500, confirmed=0) and later counted p1-365..368 as confirmed. Not yet known whether
-/// the client, the broker or the simulation's model is at fault.
+/// Found by the first shared-store sweep (seeds 1000-1199): 4 receipted messages of the
+/// pipelined producer (p1-365..368) were never delivered. The fault was the disk model's: the
+/// master of epoch 2 was paused with those SENDs appended but unsynced; the next master's
+/// recovery dropped them from the store, and the paused master's log then reported a next LSN
+/// *below* its own appends (the store's). On resuming it answered a queued CONNECT with the
+/// producer's in-memory mark (368), gated on an LSN that was already durable, and the client
+/// took the 4 SENDs as stored. A real journal never numbers backwards for its own writer; the
+/// model now keeps each handle's own numbering, and the core asserts that it never goes back.
 /// Replay: `cargo run -p haven-sim -- --seed 1027 --mode shared-store --trace`.
 #[test]
-#[ignore = "seed 1027 shared-store loses 4 receipted messages: under investigation"]
 fn seed_1027_shared_store_loses_nothing() {
     check(&run(&SimConfig::new(1027, Mode::SharedStore)));
 }
