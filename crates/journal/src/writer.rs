@@ -189,13 +189,7 @@ impl Writer {
                 i += total;
                 last_lsn = Some(h.lsn);
             }
-            if let Some(fence) = &self.fence {
-                fence.check().map_err(|message| JournalFailure {
-                    op: "fence",
-                    path: self.dir.clone(),
-                    message,
-                })?;
-            }
+            self.check_fence()?;
             match last_lsn {
                 Some(lsn) => {
                     let seg = &mut self.active;
@@ -206,6 +200,12 @@ impl Writer {
                     self.ops
                         .sync_data(&seg.file)
                         .map_err(|e| failure("fdatasync", &seg.path, e))?;
+                    // Again before anything is reported durable: had a new master taken over
+                    // between the check above and this sync, its recovery (which starts only
+                    // after it bumped the epoch) may not have seen these records, and they
+                    // must not be acknowledged. Passing here means the bump came after the
+                    // sync, so the new master reads them.
+                    self.check_fence()?;
                     self.shared.batches.fetch_add(1, Ordering::Relaxed);
                     self.shared
                         .record_bytes
@@ -223,6 +223,17 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    fn check_fence(&self) -> Result<(), Failure> {
+        match &self.fence {
+            Some(fence) => fence.check().map_err(|message| JournalFailure {
+                op: "fence",
+                path: self.dir.clone(),
+                message,
+            }),
+            None => Ok(()),
+        }
     }
 
     fn publish(&mut self, lsn: Lsn) {

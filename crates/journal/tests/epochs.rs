@@ -149,3 +149,47 @@ fn wait_durable(j: &haven_journal::Journal, lsn: u64) {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
+
+#[test]
+fn a_takeover_during_the_sync_means_the_batch_is_never_reported_durable() {
+    use std::sync::atomic::AtomicU32;
+    let dir = tempfile::tempdir().unwrap();
+    // Calls left before the fence starts failing; u32::MAX = never.
+    let passes_left = Arc::new(AtomicU32::new(u32::MAX));
+    let mut cfg = with_epoch(dir.path(), 1);
+    let left = passes_left.clone();
+    cfg.fence = Some(Fence(Arc::new(move || match left.load(Ordering::SeqCst) {
+        u32::MAX => Ok(()),
+        0 => Err("a new master bumped the epoch during the sync".to_string()),
+        n => {
+            left.store(n - 1, Ordering::SeqCst);
+            Ok(())
+        }
+    })));
+    let (mut j, _) = open(&cfg).unwrap();
+    append_until(&mut j, 4, PAYLOAD_BYTES);
+    wait_durable(&j, 3);
+    // The next check (before the write) passes; the one after the sync fails.
+    passes_left.store(1, Ordering::SeqCst);
+    append_until(&mut j, 6, PAYLOAD_BYTES);
+    // Either the batch is reported durable (the bug: only a check before the write) or the
+    // log fails; nothing else can happen to it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let state = loop {
+        match j.durable_lsn() {
+            Ok(lsn) if lsn < 5 => {}
+            state => break state,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never settled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    // Never reported durable, though written: the new master's recovery decides about them.
+    match state {
+        Err(failure) => assert_eq!(failure.op, "fence"),
+        Ok(lsn) => panic!("LSN {lsn} reported durable after the epoch changed"),
+    }
+    drop(j);
+}
