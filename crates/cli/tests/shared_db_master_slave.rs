@@ -15,6 +15,8 @@
 //! Under `CI=true` a missing PostgreSQL fails these tests (scripts/test.sh installs it);
 //! elsewhere they print why they skip.
 
+#[path = "support/group.rs"]
+mod group;
 #[path = "support/traffic.rs"]
 mod traffic;
 
@@ -22,10 +24,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use group::*;
 use haven_client::{ConnectOptions, Connection};
-use haven_testkit::{
-    free_addr, stomp_connect_probe, BrokerOpts, BrokerProcess, Duplicates, PgCluster, SendOutcome,
-};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates, PgCluster, SendOutcome};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
@@ -33,10 +34,6 @@ use traffic::*;
 const QUEUE: &str = "/queue/shared-db";
 /// Bounds on how long the master serves between kills.
 const KILL_AFTER_MS: std::ops::Range<u64> = 200..800;
-/// Bound on a slave becoming master after the master died or lost its lease.
-const TAKEOVER_WAIT_MS: u64 = 60_000;
-/// How long a probe waits for CONNECTED from a broker.
-const PROBE_TIMEOUT_MS: u64 = 500;
 /// Short leases for the frozen-master test: expiry after 3 s, renewal every 500 ms, and the
 /// master distrusts its lease after 2 s without renewal.
 const SHORT_LEASE: &str =
@@ -72,55 +69,6 @@ fn start_group(dir: &std::path::Path, n: usize, url: &str, extra_ha: &str) -> Ve
             }
         })
         .collect()
-}
-
-fn serving(brokers: &mut [BrokerProcess]) -> Vec<usize> {
-    (0..brokers.len())
-        .filter(|&i| {
-            brokers[i].is_running()
-                && matches!(
-                    stomp_connect_probe(brokers[i].addr(), Duration::from_millis(PROBE_TIMEOUT_MS)),
-                    Ok(c) if c == "CONNECTED"
-                )
-        })
-        .collect()
-}
-
-/// Waits until exactly one broker serves, and returns it. Two serving at once fails the test.
-fn wait_master(brokers: &mut [BrokerProcess]) -> usize {
-    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
-    loop {
-        let s = serving(brokers);
-        assert!(
-            s.len() <= 1,
-            "two brokers serve the same store at once: {s:?}"
-        );
-        if let [m] = s[..] {
-            return m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no broker became master:\n{}",
-            logs(brokers)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// How many times a broker became master, from its log.
-fn terms(b: &BrokerProcess) -> usize {
-    std::fs::read_to_string(b.log_path())
-        .unwrap_or_default()
-        .matches("master: recovering the store")
-        .count()
-}
-
-fn logs(brokers: &[BrokerProcess]) -> String {
-    brokers
-        .iter()
-        .map(|b| format!("--- {} ---\n{}", b.log_path().display(), b.log_tail()))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 async fn finish(
@@ -302,7 +250,7 @@ async fn a_master_frozen_past_its_lease_stores_nothing_after_and_steps_down() {
         .await
         .expect("queued");
     // The slave takes over once the lease has expired by the database's clock.
-    let b1 = blocking_master(&mut brokers).await;
+    let b1 = wait_master_async(&mut brokers).await;
     assert_eq!(b1, 1);
     assert!(lease_epoch(&pg) > old_epoch);
     brokers[0].sigcont().expect("SIGCONT");
@@ -361,17 +309,6 @@ async fn a_master_frozen_past_its_lease_stores_nothing_after_and_steps_down() {
     for b in brokers.iter_mut() {
         b.stop().expect("broker stops");
     }
-}
-
-async fn blocking_master(brokers: &mut Vec<BrokerProcess>) -> usize {
-    let mut owned = std::mem::take(brokers);
-    let (m, owned) = blocking(move || {
-        let m = wait_master(&mut owned);
-        (m, owned)
-    })
-    .await;
-    *brokers = owned;
-    m
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

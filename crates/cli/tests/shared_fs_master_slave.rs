@@ -14,6 +14,8 @@
 //!
 //! Kill intervals are random but seeded (printed; HAVEN_SHARED_SEED replays them).
 
+#[path = "support/group.rs"]
+mod group;
 #[path = "support/traffic.rs"]
 mod traffic;
 
@@ -21,10 +23,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use group::*;
 use haven_client::{ConnectOptions, Connection};
-use haven_testkit::{
-    free_addr, stomp_connect_probe, BrokerOpts, BrokerProcess, Duplicates, SendOutcome,
-};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates, SendOutcome};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
@@ -32,10 +33,6 @@ use traffic::*;
 const QUEUE: &str = "/queue/shared-fs";
 /// Bounds on how long the master serves between kills.
 const KILL_AFTER_MS: std::ops::Range<u64> = 200..800;
-/// Bound on a slave becoming master after the master died.
-const TAKEOVER_WAIT_MS: u64 = 30_000;
-/// How long a probe waits for CONNECTED from a broker.
-const PROBE_TIMEOUT_MS: u64 = 500;
 
 fn shared_config(name: &str, extra_ha: &str) -> String {
     format!("[broker]\nname = \"{name}\"\n\n[ha]\nmode = \"shared-fs\"\n{extra_ha}")
@@ -62,52 +59,6 @@ fn start_group_with(dir: &std::path::Path, n: usize, extra_ha: &str) -> Vec<Brok
             }
         })
         .collect()
-}
-
-/// The brokers that answer CONNECT right now (slaves do not listen).
-fn serving(brokers: &mut [BrokerProcess]) -> Vec<usize> {
-    (0..brokers.len())
-        .filter(|&i| {
-            brokers[i].is_running()
-                && matches!(
-                    stomp_connect_probe(brokers[i].addr(), Duration::from_millis(PROBE_TIMEOUT_MS)),
-                    Ok(c) if c == "CONNECTED"
-                )
-        })
-        .collect()
-}
-
-/// Waits until exactly one broker serves, and returns it. Two serving at once fails the test.
-fn wait_master(brokers: &mut [BrokerProcess]) -> usize {
-    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
-    loop {
-        let s = serving(brokers);
-        assert!(
-            s.len() <= 1,
-            "two brokers serve the same store at once: {s:?}"
-        );
-        if let [m] = s[..] {
-            return m;
-        }
-        assert!(Instant::now() < deadline, "no slave took over");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// How many times a broker became master, from its log.
-fn terms(b: &BrokerProcess) -> usize {
-    std::fs::read_to_string(b.log_path())
-        .unwrap_or_default()
-        .matches("took the lock: master of epoch")
-        .count()
-}
-
-fn logs(brokers: &[BrokerProcess]) -> String {
-    brokers
-        .iter()
-        .map(|b| format!("--- {} ---\n{}", b.log_path().display(), b.log_tail()))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -333,17 +284,6 @@ async fn a_master_that_finds_a_newer_epoch_stops_without_writing_and_a_slave_tak
     for b in brokers.iter_mut() {
         b.stop().expect("broker stops");
     }
-}
-
-async fn wait_master_async(brokers: &mut Vec<BrokerProcess>) -> usize {
-    let mut owned = std::mem::take(brokers);
-    let (m, owned) = blocking(move || {
-        let m = wait_master(&mut owned);
-        (m, owned)
-    })
-    .await;
-    *brokers = owned;
-    m
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

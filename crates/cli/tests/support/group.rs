@@ -1,0 +1,77 @@
+//! A master/slave group of broker processes sharing one store: which of them serves, waiting
+//! for a (new) master, and their logs for failure messages. Include with
+//! `#[path = "support/group.rs"] mod group;`.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use haven_testkit::{stomp_connect_probe, BrokerProcess};
+
+/// Bound on a slave becoming master after the master died or lost its store.
+pub const TAKEOVER_WAIT_MS: u64 = 60_000;
+/// How long a probe waits for CONNECTED from a broker.
+pub const PROBE_TIMEOUT_MS: u64 = 500;
+
+/// The brokers that answer CONNECT right now (slaves do not listen).
+pub fn serving(brokers: &mut [BrokerProcess]) -> Vec<usize> {
+    (0..brokers.len())
+        .filter(|&i| {
+            brokers[i].is_running()
+                && matches!(
+                    stomp_connect_probe(brokers[i].addr(), Duration::from_millis(PROBE_TIMEOUT_MS)),
+                    Ok(c) if c == "CONNECTED"
+                )
+        })
+        .collect()
+}
+
+/// Waits until exactly one broker serves, and returns it. Two serving at once fails the test.
+pub fn wait_master(brokers: &mut [BrokerProcess]) -> usize {
+    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
+    loop {
+        let s = serving(brokers);
+        assert!(
+            s.len() <= 1,
+            "two brokers serve the same store at once: {s:?}"
+        );
+        if let [m] = s[..] {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no broker became master:\n{}",
+            logs(brokers)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `wait_master` off the async threads.
+pub async fn wait_master_async(brokers: &mut Vec<BrokerProcess>) -> usize {
+    let mut owned = std::mem::take(brokers);
+    let (m, owned) = tokio::task::spawn_blocking(move || {
+        let m = wait_master(&mut owned);
+        (m, owned)
+    })
+    .await
+    .expect("blocking task");
+    *brokers = owned;
+    m
+}
+
+/// How many times a broker became master, from its log.
+pub fn terms(b: &BrokerProcess) -> usize {
+    std::fs::read_to_string(b.log_path())
+        .unwrap_or_default()
+        .matches("master: recovering the store")
+        .count()
+}
+
+/// Every broker's log tail, for failure messages.
+pub fn logs(brokers: &[BrokerProcess]) -> String {
+    brokers
+        .iter()
+        .map(|b| format!("--- {} ---\n{}", b.log_path().display(), b.log_tail()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
