@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use group::*;
 use haven_client::{ConnectOptions, Connection};
-use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates, PgCluster, SendOutcome};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, PgCluster};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
@@ -71,43 +71,6 @@ fn start_group(dir: &std::path::Path, n: usize, url: &str, extra_ha: &str) -> Ve
         .collect()
 }
 
-async fn finish(
-    mut t: Traffic,
-    pipelined: Vec<tokio::task::JoinHandle<Vec<String>>>,
-) -> haven_testkit::Report {
-    t.stop_producers().await;
-    let mut pipelined_ids = Vec::new();
-    for p in pipelined {
-        pipelined_ids.extend(p.await.expect("pipelined producer task"));
-    }
-    let (producer, history) = (t.producer.clone(), t.history.clone());
-    let stats = producer.stats();
-    producer
-        .disconnect()
-        .await
-        .expect("every pipelined SEND is confirmed before disconnect returns");
-    for id in &pipelined_ids {
-        history.outcome(id, SendOutcome::Receipted);
-    }
-    eprintln!("producer client: {stats:?}");
-    t.finish_consumer().await;
-    history.check(Duplicates::Forbidden, true)
-}
-
-fn pipelined(t: &Traffic) -> Vec<tokio::task::JoinHandle<Vec<String>>> {
-    (0..2)
-        .map(|p| {
-            spawn_pipelined_producer(
-                t.producer.clone(),
-                QUEUE,
-                p,
-                t.history.clone(),
-                t.stop_producers.clone(),
-            )
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn db_master_killed_repeatedly_under_load_slaves_take_over_exactly_once() {
     const KILLS: usize = 4;
@@ -121,21 +84,13 @@ async fn db_master_killed_repeatedly_under_load_slaves_take_over_exactly_once() 
     let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
     let brokers = Arc::new(Mutex::new(brokers));
     let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = pipelined(&t);
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
     for _ in 0..KILLS {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
         let brokers = brokers.clone();
-        blocking(move || {
-            let mut b = brokers.blocking_lock();
-            let master = wait_master(&mut b);
-            b[master].kill9().expect("kill -9");
-            let next = wait_master(&mut b);
-            assert_ne!(next, master);
-            b[master].respawn().expect("respawn as slave");
-        })
-        .await;
+        blocking(move || kill_master_and_rejoin(&mut brokers.blocking_lock())).await;
     }
-    let report = finish(t, pipelined).await;
+    let report = t.finish_exactly_once(pipelined).await;
     eprintln!("shared-db, {KILLS} master kills: {report}");
     let mut b = brokers.lock().await;
     assert!(report.receipted > 0, "{report}");
@@ -163,34 +118,18 @@ async fn three_db_brokers_master_killed_twice_in_a_row_then_old_masters_rejoin()
     wait_progress(&receipts, 0, 20).await;
     let (first, second) = {
         let brokers = brokers.clone();
-        blocking(move || {
-            let mut b = brokers.blocking_lock();
-            let first = wait_master(&mut b);
-            b[first].kill9().expect("kill -9 first master");
-            let second = wait_master(&mut b);
-            b[second].kill9().expect("kill -9 second master");
-            (first, second)
-        })
-        .await
+        blocking(move || kill_two_masters_in_a_row(&mut brokers.blocking_lock())).await
     };
     let before = receipts.load(Ordering::Relaxed);
     wait_progress(&receipts, before, 20).await;
     {
         let brokers = brokers.clone();
         blocking(move || {
-            let mut b = brokers.blocking_lock();
-            let third = wait_master(&mut b);
-            assert!(third != first && third != second);
-            b[first].respawn().expect("respawn first");
-            b[second].respawn().expect("respawn second");
-            std::thread::sleep(Duration::from_millis(500));
-            b[third].kill9().expect("kill -9 third master");
-            let fourth = wait_master(&mut b);
-            assert!(fourth == first || fourth == second);
+            rejoin_both_then_kill_the_third(&mut brokers.blocking_lock(), first, second)
         })
         .await;
     }
-    let report = finish(t, Vec::new()).await;
+    let report = t.finish_exactly_once(Vec::new()).await;
     eprintln!("shared-db, three brokers: {report}");
     let mut b = brokers.lock().await;
     assert!(report.receipted > 0, "{report}");
@@ -321,7 +260,7 @@ async fn a_database_restart_under_load_loses_nothing_and_stores_nothing_twice() 
     let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
     let brokers = Arc::new(Mutex::new(brokers));
     let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = pipelined(&t);
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
     let receipts = t.receipts.clone();
     wait_progress(&receipts, 0, 50).await;
     let pg = Arc::new(std::sync::Mutex::new(pg));
@@ -332,7 +271,7 @@ async fn a_database_restart_under_load_loses_nothing_and_stores_nothing_twice() 
     // Serving resumes once the database is back.
     let before = receipts.load(Ordering::Relaxed);
     wait_progress(&receipts, before, 50).await;
-    let report = finish(t, pipelined).await;
+    let report = t.finish_exactly_once(pipelined).await;
     eprintln!("shared-db, database restart: {report}");
     let mut b = brokers.lock().await;
     assert!(report.receipted > 0, "{report}");

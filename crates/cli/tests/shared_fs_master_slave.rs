@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use group::*;
 use haven_client::{ConnectOptions, Connection};
-use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates, SendOutcome};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
@@ -70,50 +70,14 @@ async fn master_killed_repeatedly_under_load_slaves_take_over_exactly_once() {
     let brokers = start_group(dir.path(), 2);
     let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
     let brokers = Arc::new(Mutex::new(brokers));
-    let mut t = Traffic::start(&uri, QUEUE).await;
-    let (producer, history) = (t.producer.clone(), t.history.clone());
-    let pipelined: Vec<_> = (0..2)
-        .map(|p| {
-            spawn_pipelined_producer(
-                producer.clone(),
-                QUEUE,
-                p,
-                history.clone(),
-                t.stop_producers.clone(),
-            )
-        })
-        .collect();
+    let t = Traffic::start(&uri, QUEUE).await;
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
     for _ in 0..KILLS {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
         let brokers = brokers.clone();
-        blocking(move || {
-            let mut b = brokers.blocking_lock();
-            let master = wait_master(&mut b);
-            b[master].kill9().expect("kill -9");
-            let next = wait_master(&mut b);
-            assert_ne!(next, master);
-            // The old master rejoins as a slave.
-            b[master].respawn().expect("respawn");
-        })
-        .await;
+        blocking(move || kill_master_and_rejoin(&mut brokers.blocking_lock())).await;
     }
-    t.stop_producers().await;
-    let mut pipelined_ids = Vec::new();
-    for p in pipelined {
-        pipelined_ids.extend(p.await.expect("pipelined producer task"));
-    }
-    let stats = producer.stats();
-    producer
-        .disconnect()
-        .await
-        .expect("every pipelined SEND is confirmed before disconnect returns");
-    for id in &pipelined_ids {
-        history.outcome(id, SendOutcome::Receipted);
-    }
-    eprintln!("producer client: {stats:?}");
-    t.finish_consumer().await;
-
-    let report = history.check(Duplicates::Forbidden, true);
+    let report = t.finish_exactly_once(pipelined).await;
     eprintln!("shared-fs, {KILLS} master kills: {report}");
     let mut b = brokers.lock().await;
     if !report.is_ok() {
@@ -138,49 +102,24 @@ async fn three_brokers_master_killed_twice_in_a_row_then_old_masters_rejoin() {
     let brokers = start_group(dir.path(), 3);
     let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
     let brokers = Arc::new(Mutex::new(brokers));
-    let mut t = Traffic::start(&uri, QUEUE).await;
+    let t = Traffic::start(&uri, QUEUE).await;
     let receipts = t.receipts.clone();
-    let before = receipts.load(Ordering::Relaxed);
-    wait_progress(&receipts, before, 20).await;
-
+    wait_progress(&receipts, receipts.load(Ordering::Relaxed), 20).await;
     // First master dies; as soon as a second one serves, it dies too.
     let (first, second) = {
         let brokers = brokers.clone();
-        blocking(move || {
-            let mut b = brokers.blocking_lock();
-            let first = wait_master(&mut b);
-            b[first].kill9().expect("kill -9 first master");
-            let second = wait_master(&mut b);
-            b[second].kill9().expect("kill -9 second master");
-            (first, second)
-        })
-        .await
+        blocking(move || kill_two_masters_in_a_row(&mut brokers.blocking_lock())).await
     };
-    let before = receipts.load(Ordering::Relaxed);
-    wait_progress(&receipts, before, 20).await;
+    wait_progress(&receipts, receipts.load(Ordering::Relaxed), 20).await;
     // Both old masters rejoin as slaves; then the third master dies as well.
     {
         let brokers = brokers.clone();
         blocking(move || {
-            let mut b = brokers.blocking_lock();
-            let third = wait_master(&mut b);
-            assert!(third != first && third != second);
-            b[first].respawn().expect("respawn first");
-            b[second].respawn().expect("respawn second");
-            // Give them time to be waiting on the lock, so one takes over at once.
-            std::thread::sleep(Duration::from_millis(300));
-            b[third].kill9().expect("kill -9 third master");
-            let fourth = wait_master(&mut b);
-            assert!(fourth == first || fourth == second);
+            rejoin_both_then_kill_the_third(&mut brokers.blocking_lock(), first, second)
         })
         .await;
     }
-    t.stop_producers().await;
-    let producer = t.producer.clone();
-    let history = t.history.clone();
-    producer.disconnect().await.expect("producer disconnect");
-    t.finish_consumer().await;
-    let report = history.check(Duplicates::Forbidden, true);
+    let report = t.finish_exactly_once(Vec::new()).await;
     eprintln!("shared-fs, three brokers: {report}");
     let mut b = brokers.lock().await;
     if !report.is_ok() {

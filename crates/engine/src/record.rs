@@ -268,6 +268,16 @@ impl Record {
         }
     }
 
+    /// Decodes the record at `lsn` and returns its message numbered `seq`: what every
+    /// `MessageLoader` does with the bytes it read. The error names the LSN.
+    pub fn decode_message(payload: &[u8], lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
+        let record = Record::decode(payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
+        record
+            .message_with_seq(seq)
+            .cloned()
+            .ok_or_else(|| format!("record {lsn} does not carry message {seq}"))
+    }
+
     /// The message numbered `seq` that this record carries, if any: what a paged-out message
     /// is read back from.
     pub fn message_with_seq(&self, seq: u64) -> Option<&Arc<Message>> {

@@ -89,11 +89,7 @@ fn read_message(
     }
     let reader = reader.as_mut().expect("just opened");
     let payload = reader.read(lsn).map_err(|e| e.to_string())?;
-    let record = Record::decode(&payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
-    record
-        .message_with_seq(seq)
-        .cloned()
-        .ok_or_else(|| format!("record {lsn} does not carry message {seq}"))
+    Record::decode_message(&payload, lsn, seq)
 }
 
 impl MessageLoader for JournalLoader {

@@ -74,14 +74,6 @@ impl PgLoader {
     }
 }
 
-fn message_in(payload: &[u8], lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
-    let record = Record::decode(payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
-    record
-        .message_with_seq(seq)
-        .cloned()
-        .ok_or_else(|| format!("record {lsn} does not carry message {seq}"))
-}
-
 impl MessageLoader for PgLoader {
     fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
         if let Some(msg) = self
@@ -93,7 +85,7 @@ impl MessageLoader for PgLoader {
             return Ok(msg);
         }
         let payload = self.read(lsn)?;
-        message_in(&payload, lsn, seq)
+        Record::decode_message(&payload, lsn, seq)
     }
 
     fn prefetch(&mut self, next: &[(u64, u64)]) {
@@ -144,7 +136,7 @@ async fn serve(
                     rows.into_iter().map(|(l, p)| (l as u64, p)).collect();
                 let mut map = decoded.lock().expect("prefetch map");
                 for (lsn, seq) in wanted {
-                    let Some(msg) = by_lsn.get(&lsn).and_then(|p| message_in(p, lsn, seq).ok())
+                    let Some(msg) = by_lsn.get(&lsn).and_then(|p| Record::decode_message(p, lsn, seq).ok())
                     else {
                         continue;
                     };

@@ -75,3 +75,39 @@ pub fn logs(brokers: &[BrokerProcess]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// Between slave respawns and the next kill: long enough for the slaves to be waiting on the
+/// store, so one takes over at once.
+pub const REJOIN_SETTLE_MS: u64 = 500;
+
+/// Kills the master with `kill -9`, waits for another broker to take over, and starts the old
+/// master again: it rejoins as a slave.
+pub fn kill_master_and_rejoin(b: &mut [BrokerProcess]) {
+    let master = wait_master(b);
+    b[master].kill9().expect("kill -9");
+    let next = wait_master(b);
+    assert_ne!(next, master);
+    b[master].respawn().expect("respawn as slave");
+}
+
+/// Kills the master, and the next one as soon as it serves. Returns both.
+pub fn kill_two_masters_in_a_row(b: &mut [BrokerProcess]) -> (usize, usize) {
+    let first = wait_master(b);
+    b[first].kill9().expect("kill -9 first master");
+    let second = wait_master(b);
+    b[second].kill9().expect("kill -9 second master");
+    (first, second)
+}
+
+/// After `kill_two_masters_in_a_row` (and a third broker took over): both old masters rejoin
+/// as slaves, then the third master dies too and one of them must take over.
+pub fn rejoin_both_then_kill_the_third(b: &mut [BrokerProcess], first: usize, second: usize) {
+    let third = wait_master(b);
+    assert!(third != first && third != second);
+    b[first].respawn().expect("respawn first");
+    b[second].respawn().expect("respawn second");
+    std::thread::sleep(Duration::from_millis(REJOIN_SETTLE_MS));
+    b[third].kill9().expect("kill -9 third master");
+    let fourth = wait_master(b);
+    assert!(fourth == first || fourth == second);
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haven_client::{AckMode, Client, ClientError, ConnectOptions};
-use haven_testkit::{BrokerProcess, History, SendOutcome};
+use haven_testkit::{BrokerProcess, Duplicates, History, Report, SendOutcome};
 
 /// Concurrent receipted producer tasks, each sending its own numbered ids.
 pub const PRODUCERS: usize = 4;
@@ -229,6 +229,50 @@ impl Traffic {
         for p in self.producers.drain(..) {
             p.await.expect("producer task");
         }
+    }
+
+    /// `n` pipelined producer tasks on the producer client (ids `q<p>-<n>`).
+    pub fn spawn_pipelined(
+        &self,
+        queue: &'static str,
+        n: usize,
+    ) -> Vec<tokio::task::JoinHandle<Vec<String>>> {
+        (0..n)
+            .map(|p| {
+                spawn_pipelined_producer(
+                    self.producer.clone(),
+                    queue,
+                    p,
+                    self.history.clone(),
+                    self.stop_producers.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Stops every producer (the pipelined ones of `spawn_pipelined` too), confirms every SEND
+    /// with `disconnect`, drains the consumer, and checks exactly once, in order.
+    pub async fn finish_exactly_once(
+        mut self,
+        pipelined: Vec<tokio::task::JoinHandle<Vec<String>>>,
+    ) -> Report {
+        self.stop_producers().await;
+        let mut pipelined_ids = Vec::new();
+        for p in pipelined {
+            pipelined_ids.extend(p.await.expect("pipelined producer task"));
+        }
+        let (producer, history) = (self.producer.clone(), self.history.clone());
+        let stats = producer.stats();
+        producer
+            .disconnect()
+            .await
+            .expect("every pipelined SEND is confirmed before disconnect returns");
+        for id in &pipelined_ids {
+            history.outcome(id, SendOutcome::Receipted);
+        }
+        eprintln!("producer client: {stats:?}");
+        self.finish_consumer().await;
+        history.check(Duplicates::Forbidden, true)
     }
 
     /// Lets the consumer drain what is owed, then disconnects it.
