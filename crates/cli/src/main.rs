@@ -1,6 +1,7 @@
 //! The `haven` binary: `haven run` serves a broker; `haven bench` measures any STOMP broker;
 //! `haven send` and `haven receive` move messages from the command line.
 
+mod admin;
 mod bench;
 mod client_cmd;
 mod receive;
@@ -51,6 +52,8 @@ enum Cmd {
     Send(Box<send::SendArgs>),
     /// Receive messages from a destination (like `activemq consumer`).
     Receive(Box<receive::ReceiveArgs>),
+    /// Administer a running broker group (`haven admin cluster status|add|remove`).
+    Admin(admin::AdminArgs),
 }
 
 impl Cmd {
@@ -58,7 +61,7 @@ impl Cmd {
     /// summary, so only the client's warnings (reconnects, refusals) go with it.
     fn default_log_level(&self) -> &'static str {
         match self {
-            Cmd::Send(_) | Cmd::Receive(_) => "warn",
+            Cmd::Send(_) | Cmd::Receive(_) | Cmd::Admin(_) => "warn",
             Cmd::Run { .. } | Cmd::Bench(_) => "info",
         }
     }
@@ -96,6 +99,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("haven send: {e}");
                 e.exit_code()
+            }
+        },
+        Cmd::Admin(args) => match runtime.block_on(admin::run(args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("haven admin: {e}");
+                ExitCode::FAILURE
             }
         },
         Cmd::Receive(args) => match runtime.block_on(receive::run(*args)) {
@@ -184,12 +194,53 @@ async fn run_shared_store(cfg: Config) -> ExitCode {
                 }
             }
         }
+        HaMode::Replicated => return run_replicated(cfg).await,
         HaMode::Standalone => unreachable!("standalone runs Server::start"),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (role_tx, _role_rx) = tokio::sync::watch::channel(Role::Slave);
     stop_on_signal(stop_tx);
     match run_shared(cfg, store, stop_rx, role_tx).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("haven: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `[ha] mode = "replicated"`: start this member's Raft node, serve clients while it leads,
+/// until SIGTERM/SIGINT.
+async fn run_replicated(mut cfg: Config) -> ExitCode {
+    if let Err(e) = cfg.validate(std::path::Path::new("<config>")) {
+        eprintln!("haven: {e}");
+        return ExitCode::from(2);
+    }
+    // The leader announces the members to failover clients unless [cluster] says otherwise.
+    if cfg.cluster.members.is_empty() {
+        cfg.cluster.members = cfg
+            .ha
+            .members
+            .iter()
+            .map(|m| format!("tcp://{}", m.stomp))
+            .collect();
+    }
+    let store = match haven_raft::ReplicatedStore::start(&cfg).await {
+        Ok(store) => Arc::new(store),
+        Err(e) => {
+            eprintln!("haven: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (role_tx, _role_rx) = tokio::sync::watch::channel(Role::Slave);
+    stop_on_signal(stop_tx);
+    let shared: Arc<dyn SharedStore> = store.clone();
+    let result = run_shared(cfg, shared, stop_rx, role_tx).await;
+    if let Ok(store) = Arc::try_unwrap(store) {
+        store.shutdown().await;
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("haven: {e}");

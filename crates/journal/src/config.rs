@@ -51,6 +51,16 @@ pub struct JournalConfig {
     pub epoch: u32,
     /// Checked before every write (see `Fence`).
     pub fence: Option<Fence>,
+    /// New segments are created as holes (`set_len`) instead of being zero-filled ahead of
+    /// use. Zero-filling makes each fdatasync cheaper but writes every byte twice and ends with
+    /// a large flush per segment; where several journals share one disk (a replica's Raft log
+    /// and state journal), those flushes stall the others' syncs. Default false.
+    pub sparse_segments: bool,
+    /// fdatasync each batch before reporting it durable. False: "durable" means written to
+    /// the operating system, which survives the process but not the machine; only for a
+    /// journal that something else makes durable and that can be rebuilt (a replica's state
+    /// journal: the Raft log and the last snapshot hold everything in it). Default true.
+    pub sync_writes: bool,
 }
 
 impl JournalConfig {
@@ -62,6 +72,8 @@ impl JournalConfig {
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
             epoch: 0,
             fence: None,
+            sparse_segments: false,
+            sync_writes: true,
         }
     }
 

@@ -137,6 +137,8 @@ impl Journal {
             active: recovered.active,
             durable_lsn,
             spare: None,
+            sparse_segments: config.sparse_segments,
+            sync_writes: config.sync_writes,
             zeros: writer::zeros(),
             batch: Vec::new(),
             failed: false,

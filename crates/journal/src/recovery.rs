@@ -123,7 +123,7 @@ pub(crate) fn recover(
 
     if segment_files.is_empty() {
         info!(dir = %dir.display(), "journal: empty directory, creating first segment");
-        let active = create_segment(dir, config.segment_bytes, ops, 1, config.epoch)?;
+        let active = create_segment(config, ops, 1)?;
         return Ok(Recovered {
             segments: vec![SegmentInfo {
                 base_lsn: 1,
@@ -233,13 +233,16 @@ pub(crate) fn recover(
 
 /// Creates a complete segment synchronously (used when the directory is empty).
 fn create_segment(
-    dir: &Path,
-    segment_bytes: u64,
+    config: &JournalConfig,
     ops: &dyn FileOps,
     base_lsn: Lsn,
-    epoch: u32,
 ) -> Result<ActiveSegment, JournalError> {
-    let mut spare = Spare::create(dir, segment_bytes).map_err(|e| JournalError::io(dir, e))?;
+    let (dir, segment_bytes, epoch) = (&config.dir, config.segment_bytes, config.epoch);
+    let mut spare = if config.sparse_segments {
+        Spare::create_sparse(ops, dir, segment_bytes).map_err(|(_, e)| JournalError::io(dir, e))?
+    } else {
+        Spare::create(dir, segment_bytes).map_err(|e| JournalError::io(dir, e))?
+    };
     let zeros = vec![0u8; ZERO_CHUNK_BYTES];
     spare
         .finish(ops, &zeros)

@@ -70,6 +70,10 @@ pub(crate) struct Writer {
     pub active: ActiveSegment,
     pub durable_lsn: Lsn,
     pub spare: Option<Spare>,
+    /// New segments are holes, not zeros written ahead (`JournalConfig::sparse_segments`).
+    pub sparse_segments: bool,
+    /// `JournalConfig::sync_writes`.
+    pub sync_writes: bool,
     pub zeros: Vec<u8>,
     pub batch: Vec<u8>,
     pub failed: bool,
@@ -138,11 +142,19 @@ impl Writer {
         !self.failed && !self.spare.as_ref().is_some_and(Spare::is_ready)
     }
 
+    fn new_spare(&self) -> Result<Spare, Failure> {
+        if self.sparse_segments {
+            Spare::create_sparse(&*self.ops, &self.dir, self.segment_bytes)
+                .map_err(|(op, e)| failure(op, &self.dir, e))
+        } else {
+            Spare::create(&self.dir, self.segment_bytes)
+                .map_err(|e| failure("create spare", &self.dir, e))
+        }
+    }
+
     fn spare_step(&mut self, bytes_max: u64) -> Result<(), Failure> {
         if self.spare.is_none() {
-            let spare = Spare::create(&self.dir, self.segment_bytes)
-                .map_err(|e| failure("create spare", &self.dir, e))?;
-            self.spare = Some(spare);
+            self.spare = Some(self.new_spare()?);
         }
         let spare = self.spare.as_mut().unwrap();
         if !spare.is_ready() {
@@ -197,9 +209,11 @@ impl Writer {
                         .write_at(&seg.file, &buf[start..i], seg.write_pos)
                         .map_err(|e| failure("write", &seg.path, e))?;
                     seg.write_pos += (i - start) as u64;
-                    self.ops
-                        .sync_data(&seg.file)
-                        .map_err(|e| failure("fdatasync", &seg.path, e))?;
+                    if self.sync_writes {
+                        self.ops
+                            .sync_data(&seg.file)
+                            .map_err(|e| failure("fdatasync", &seg.path, e))?;
+                    }
                     // Again before anything is reported durable: had a new master taken over
                     // between the check above and this sync, its recovery (which starts only
                     // after it bumped the epoch) may not have seen these records, and they
@@ -257,8 +271,7 @@ impl Writer {
         );
         let mut spare = match self.spare.take() {
             Some(spare) => spare,
-            None => Spare::create(&self.dir, self.segment_bytes)
-                .map_err(|e| failure("create spare", &self.dir, e))?,
+            None => self.new_spare()?,
         };
         spare
             .finish(&*self.ops, &self.zeros)

@@ -193,6 +193,39 @@ pub struct HaConfig {
     /// shared-db: the longest one write to the database may take before the broker stops
     /// (an unreachable database must not hold producers forever).
     pub db_timeout_ms: u64,
+    /// replicated: this member's id, one of `members`.
+    pub node_id: u64,
+    /// replicated: every member at start-up (`[[ha.members]]`). Members added or removed
+    /// online (`haven admin cluster`) are kept in the Raft log; this list bootstraps a new
+    /// cluster and tells each member its own Raft address.
+    pub members: Vec<HaMember>,
+    /// replicated: names the cluster; announced to clients as the store (`haven-store`), so it
+    /// must be the same on every member and differ between clusters.
+    pub cluster_name: String,
+    /// replicated: how often the leader sends heartbeats; also how long a follower may take to
+    /// answer one AppendEntries (its fsync included) before the leader retries.
+    pub heartbeat_ms: u64,
+    /// replicated: a follower that hears no leader for a random time between this and twice
+    /// this stands for election. A leader that has not heard from a majority for twice this
+    /// stops serving.
+    pub election_timeout_ms: u64,
+    /// replicated: a snapshot is taken (and the Raft log before it purged) every this many
+    /// entries.
+    pub snapshot_entries: u64,
+    /// replicated: snapshot transfer to a catching-up member is paced to this many bytes per
+    /// second (0: unpaced).
+    pub catchup_bytes_per_sec: u64,
+}
+
+/// `[[ha.members]]`: one replica.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HaMember {
+    pub id: u64,
+    /// Where its Raft port listens (peers and `haven admin cluster` connect here).
+    pub raft: SocketAddr,
+    /// Its STOMP address, announced when it leads.
+    pub stomp: SocketAddr,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -205,6 +238,9 @@ pub enum HaMode {
     SharedFs,
     /// The store is PostgreSQL, guarded by a lease row and an epoch.
     SharedDb,
+    /// Each member has its own journal; the Raft leader replicates every record to a majority
+    /// before acting on it.
+    Replicated,
 }
 
 impl Default for HaConfig {
@@ -219,6 +255,13 @@ impl Default for HaConfig {
             lease_margin_ms: 3_000,
             poll_ms: 500,
             db_timeout_ms: 5_000,
+            node_id: 0,
+            members: Vec::new(),
+            cluster_name: "haven".to_string(),
+            heartbeat_ms: 100,
+            election_timeout_ms: 400,
+            snapshot_entries: 20_000,
+            catchup_bytes_per_sec: 64 << 20,
         }
     }
 }
@@ -407,6 +450,35 @@ impl Config {
                         h.renew_ms
                     ),
                 );
+            }
+        }
+        if h.mode == HaMode::Replicated {
+            if !h.members.iter().any(|m| m.id == h.node_id) {
+                return invalid(
+                    "ha.node_id",
+                    format!("{} is not the id of one of [[ha.members]]", h.node_id),
+                );
+            }
+            let mut ids: Vec<u64> = h.members.iter().map(|m| m.id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            if ids.len() != h.members.len() {
+                return invalid("ha.members", "two members have the same id".into());
+            }
+            if h.heartbeat_ms == 0 || h.election_timeout_ms < 3 * h.heartbeat_ms {
+                return invalid(
+                    "ha.election_timeout_ms",
+                    format!(
+                        "{} must be at least three heartbeats ({} ms each), and heartbeat_ms above 0",
+                        h.election_timeout_ms, h.heartbeat_ms
+                    ),
+                );
+            }
+            if h.snapshot_entries == 0 {
+                return invalid("ha.snapshot_entries", "must be at least 1".into());
+            }
+            if h.cluster_name.is_empty() {
+                return invalid("ha.cluster_name", "must not be empty".into());
             }
         }
         let j = &self.journal;

@@ -18,7 +18,18 @@ mod store_id;
 
 pub use clock::{Clock, SystemClock};
 pub use cluster::{ClusterChange, ClusterError, ClusterHandle};
-pub use config::{ClusterConfig, Config, HaConfig, HaMode};
+pub use config::{ClusterConfig, Config, HaConfig, HaMember, HaMode};
+pub use loader::JournalLoader;
+
+/// Takes the data directory's lock without waiting, for a mode that runs its own store in it
+/// (replication): one broker process per data directory. Held while the value lives.
+pub fn lock_data_dir(dir: &std::path::Path) -> Result<Box<dyn Send>, ServerError> {
+    std::fs::create_dir_all(dir).map_err(|e| ServerError::DataDir {
+        dir: dir.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    Ok(Box::new(lock::DirLock::acquire(dir)?))
+}
 pub use error::ServerError;
 pub use ha::{run_shared, run_shared_with, Edges, Mastership, Role, SharedStore};
 pub use log::{DurableLog, LogStore, OnRecord};

@@ -20,7 +20,7 @@ type Decoded = Arc<Mutex<HashMap<(u64, u64), Arc<Message>>>>;
 
 /// Opens its readers on first use: the engine gets the loader before replay (so a deep backlog
 /// is recovered paged out), but reads only once the broker serves.
-pub(crate) struct JournalLoader {
+pub struct JournalLoader {
     dir: PathBuf,
     reader: Option<Reader>,
     decoded: Decoded,

@@ -120,7 +120,7 @@ impl DurableLog for LocalJournal {
 }
 
 /// Free bytes for an unprivileged user on the file system holding `dir`.
-fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+pub fn free_bytes(dir: &std::path::Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: `path` is a valid NUL-terminated string and `st` a writable statvfs.

@@ -17,6 +17,8 @@ pub fn config(dir: &Path, segment_bytes: u64) -> JournalConfig {
         batch_bytes_max: 1024 * 1024,
         epoch: 0,
         fence: None,
+        sparse_segments: false,
+        sync_writes: true,
     }
 }
 

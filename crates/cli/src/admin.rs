@@ -1,0 +1,97 @@
+//! `haven admin cluster ...`: a replicated group's status and online membership changes,
+//! through any member's Raft port (changes are forwarded to the leader).
+
+use clap::{Args, Subcommand};
+use haven_raft::{AdminRequest, Member};
+use std::net::SocketAddr;
+
+#[derive(Args)]
+pub struct AdminArgs {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand)]
+enum What {
+    /// A replicated group (`[ha] mode = "replicated"`).
+    Cluster {
+        /// Raft address of any member (`[[ha.members]] raft`).
+        #[arg(long, default_value = "127.0.0.1:61700")]
+        raft: String,
+        #[command(subcommand)]
+        op: Op,
+    },
+}
+
+#[derive(Subcommand)]
+enum Op {
+    /// Print the member's view: role, term, log, voters, how far each member has caught up.
+    Status,
+    /// Add a member: it catches up as a learner (log or snapshot), then becomes a voter. Start
+    /// it first, with the new member list in its config.
+    Add {
+        #[arg(long)]
+        id: u64,
+        /// Its Raft address.
+        #[arg(long = "member-raft")]
+        member_raft: SocketAddr,
+        /// Its STOMP address.
+        #[arg(long = "member-stomp")]
+        member_stomp: SocketAddr,
+    },
+    /// Remove a member (the leader too: it steps down once the change is committed).
+    Remove {
+        #[arg(long)]
+        id: u64,
+    },
+}
+
+pub async fn run(args: AdminArgs) -> Result<(), String> {
+    let What::Cluster { raft, op } = args.what;
+    match op {
+        Op::Status => {
+            let s = haven_raft::client::status(&raft)
+                .await
+                .map_err(|e| format!("{raft}: {e}"))?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "id": s.id,
+                    "state": s.state,
+                    "term": s.term,
+                    "leader": s.leader,
+                    "last_log_index": s.last_log_index,
+                    "last_applied_index": s.last_applied_index,
+                    "snapshot_index": s.snapshot_index,
+                    "voters": s.voters.iter().map(|(id, m)| (id.to_string(), m.to_string())).collect::<std::collections::BTreeMap<_, _>>(),
+                    "learners": s.learners.iter().map(|(id, m)| (id.to_string(), m.to_string())).collect::<std::collections::BTreeMap<_, _>>(),
+                    "matched": s.matched.iter().map(|(id, m)| (id.to_string(), *m)).collect::<std::collections::BTreeMap<_, _>>(),
+                }))
+                .expect("json")
+            );
+            Ok(())
+        }
+        Op::Add {
+            id,
+            member_raft,
+            member_stomp,
+        } => {
+            let member = Member {
+                raft: member_raft.to_string(),
+                stomp: member_stomp.to_string(),
+            };
+            let done = haven_raft::client::change(&raft, AdminRequest::Add { id, member })
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{done}");
+            Ok(())
+        }
+        Op::Remove { id } => {
+            let done = haven_raft::client::change(&raft, AdminRequest::Remove { id })
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{done}");
+            Ok(())
+        }
+    }
+}

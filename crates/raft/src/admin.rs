@@ -1,0 +1,155 @@
+//! Admin requests on the Raft port: status, and membership changes made online
+//! (`haven admin cluster status|add|remove`).
+
+use crate::types::{Member, NodeId, Raft};
+use openraft::{ChangeMembers, ServerState};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum AdminRequest {
+    Status,
+    /// Adds a member: first as a learner that catches up (from the log or a snapshot), then
+    /// as a voter.
+    Add {
+        id: NodeId,
+        member: Member,
+    },
+    /// Removes a voter (or learner). Removing the leader makes it step down once the change
+    /// is committed.
+    Remove {
+        id: NodeId,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub id: NodeId,
+    /// `Leader`, `Follower`, `Candidate` or `Learner`.
+    pub state: String,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: Option<u64>,
+    pub last_applied_index: Option<u64>,
+    pub snapshot_index: Option<u64>,
+    pub voters: BTreeMap<NodeId, Member>,
+    pub learners: BTreeMap<NodeId, Member>,
+    /// On the leader: the last log index each member is known to hold.
+    pub matched: BTreeMap<NodeId, Option<u64>>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum AdminResponse {
+    Status(Status),
+    Done(String),
+    /// Membership changes are made by the leader; ask it.
+    NotLeader {
+        leader: Option<(NodeId, Member)>,
+    },
+    Failed(String),
+}
+
+pub struct Admin {
+    pub raft: Raft,
+}
+
+impl Admin {
+    pub fn status(&self) -> Status {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let mut v = BTreeMap::new();
+        let mut l = BTreeMap::new();
+        for (id, node) in membership.nodes() {
+            if voters.contains(id) {
+                v.insert(*id, node.clone());
+            } else {
+                l.insert(*id, node.clone());
+            }
+        }
+        let matched = m
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .map(|(id, log)| (*id, log.map(|l| l.index)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Status {
+            id: m.id,
+            state: format!("{:?}", m.state),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index,
+            last_applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            voters: v,
+            learners: l,
+            matched,
+        }
+    }
+
+    fn not_leader(&self) -> Option<AdminResponse> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state == ServerState::Leader {
+            return None;
+        }
+        let leader = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| (id, n.clone()))
+        });
+        Some(AdminResponse::NotLeader { leader })
+    }
+
+    pub async fn handle(&self, req: AdminRequest) -> AdminResponse {
+        match req {
+            AdminRequest::Status => AdminResponse::Status(self.status()),
+            AdminRequest::Add { id, member } => {
+                if let Some(r) = self.not_leader() {
+                    return r;
+                }
+                tracing::info!(id, %member, "adding a member: catching it up as a learner");
+                if let Err(e) = self.raft.add_learner(id, member.clone(), true).await {
+                    return AdminResponse::Failed(format!("adding {id} as a learner: {e}"));
+                }
+                let voters = BTreeSet::from([id]);
+                match self
+                    .raft
+                    .change_membership(ChangeMembers::AddVoterIds(voters), false)
+                    .await
+                {
+                    Ok(r) => AdminResponse::Done(format!(
+                        "member {id} ({member}) is a voter at log {}",
+                        r.log_id
+                    )),
+                    Err(e) => AdminResponse::Failed(format!("making {id} a voter: {e}")),
+                }
+            }
+            AdminRequest::Remove { id } => {
+                if let Some(r) = self.not_leader() {
+                    return r;
+                }
+                let m = self.raft.metrics().borrow().clone();
+                let membership = m.membership_config.membership();
+                let is_voter = membership.voter_ids().any(|v| v == id);
+                let change = if is_voter {
+                    ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+                } else if membership.get_node(&id).is_some() {
+                    ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+                } else {
+                    return AdminResponse::Failed(format!("{id} is not a member"));
+                };
+                tracing::info!(id, "removing a member");
+                match self.raft.change_membership(change, false).await {
+                    Ok(r) => {
+                        AdminResponse::Done(format!("member {id} removed at log {}", r.log_id))
+                    }
+                    Err(e) => AdminResponse::Failed(format!("removing {id}: {e}")),
+                }
+            }
+        }
+    }
+}

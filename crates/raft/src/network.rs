@@ -1,0 +1,300 @@
+//! Raft messages between members: one TCP connection per peer and direction, each request a
+//! frame (`u32` length, postcard body) answered by one frame. openraft sends one request at a
+//! time per peer and batches entries into it, so a connection never has two in flight.
+//!
+//! The same port answers the admin requests of `haven admin cluster` (`admin.rs`).
+
+use crate::admin::{AdminRequest, AdminResponse};
+use crate::types::{NodeId, Raft, TypeConfig};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// Largest frame either side accepts: an AppendEntries is cut at 8 MiB of records plus one
+/// entry, a snapshot chunk is `snapshot_max_chunk_size`; a frame limit above both, with room.
+pub const FRAME_BYTES_MAX: u32 = 64 << 20;
+const CONNECT_TIMEOUT_MS: u64 = 1_000;
+
+type Member = crate::types::Member;
+
+#[derive(Serialize, Deserialize)]
+pub enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+    Admin(AdminRequest),
+}
+
+#[derive(Serialize, Deserialize)]
+pub enum Response {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    Admin(AdminResponse),
+}
+
+pub async fn write_frame<T: Serialize>(w: &mut OwnedWriteHalf, value: &T) -> io::Result<()> {
+    let mut buf = vec![0u8; 4];
+    postcard::to_io(value, &mut buf).map_err(|e| io::Error::other(e.to_string()))?;
+    let len = u32::try_from(buf.len() - 4).map_err(|_| io::Error::other("frame over 4 GiB"))?;
+    if len > FRAME_BYTES_MAX {
+        return Err(io::Error::other(format!(
+            "frame of {len} bytes over {FRAME_BYTES_MAX}"
+        )));
+    }
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    w.write_all(&buf).await
+}
+
+pub async fn read_frame<T: for<'de> Deserialize<'de>>(
+    r: &mut BufReader<OwnedReadHalf>,
+) -> io::Result<T> {
+    let len = r.read_u32_le().await?;
+    if len > FRAME_BYTES_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes over {FRAME_BYTES_MAX}"),
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf).await?;
+    postcard::from_bytes(&buf)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// A connection to one address, re-dialled after any failure.
+pub struct Conn {
+    addr: String,
+    stream: Option<(BufReader<OwnedReadHalf>, OwnedWriteHalf)>,
+}
+
+impl Conn {
+    pub fn new(addr: String) -> Conn {
+        Conn { addr, stream: None }
+    }
+
+    /// Sends `req` and waits for its answer, at most `timeout`. `Err(true)` if the peer could
+    /// not be reached at all (openraft backs off then), `Err(false)` for a failure mid-call.
+    pub async fn call(
+        &mut self,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, (bool, io::Error)> {
+        if self.stream.is_none() {
+            let dial = tokio::time::timeout(
+                Duration::from_millis(CONNECT_TIMEOUT_MS),
+                TcpStream::connect(self.addr.as_str()),
+            )
+            .await;
+            let stream = match dial {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err((true, e)),
+                Err(_) => {
+                    return Err((
+                        true,
+                        io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
+                    ))
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let (r, w) = stream.into_split();
+            self.stream = Some((BufReader::with_capacity(256 << 10, r), w));
+        }
+        // Taken out for the exchange and put back only once the answer is read: a call that
+        // is dropped half-way (openraft times its requests out itself) closes the connection,
+        // so its late answer can never be read as the answer to the next request.
+        let (mut r, mut w) = self.stream.take().expect("connected above");
+        let exchange = async {
+            write_frame(&mut w, req).await?;
+            read_frame::<Response>(&mut r).await
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(resp)) => {
+                self.stream = Some((r, w));
+                Ok(resp)
+            }
+            Ok(Err(e)) => Err((false, e)),
+            Err(_) => Err((
+                false,
+                io::Error::new(io::ErrorKind::TimedOut, "no answer in time"),
+            )),
+        }
+    }
+}
+
+/// Makes one `PeerNetwork` per replication target.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    /// Snapshot chunks are paced to at most this many bytes per second, so a catch-up does
+    /// not take the disk and network from the leader's clients.
+    pub catchup_bytes_per_sec: u64,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerNetwork;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerNetwork {
+        PeerNetwork {
+            target,
+            conn: Conn::new(node.raft.clone()),
+            catchup_bytes_per_sec: self.catchup_bytes_per_sec,
+            sent: None,
+        }
+    }
+}
+
+pub struct PeerNetwork {
+    target: NodeId,
+    conn: Conn,
+    catchup_bytes_per_sec: u64,
+    /// When the current snapshot transfer started and how much of it has been sent.
+    sent: Option<(Instant, u64)>,
+}
+
+impl PeerNetwork {
+    async fn rpc<E: std::error::Error>(
+        &mut self,
+        req: Request,
+        option: &RPCOption,
+    ) -> Result<Response, RPCError<NodeId, Member, E>> {
+        self.conn
+            .call(&req, option.hard_ttl())
+            .await
+            .map_err(|(unreachable, e)| {
+                if unreachable {
+                    RPCError::Unreachable(Unreachable::new(&e))
+                } else {
+                    RPCError::Network(NetworkError::new(&e))
+                }
+            })
+    }
+}
+
+fn remote<E: std::error::Error>(target: NodeId, e: E) -> RPCError<NodeId, Member, E> {
+    RPCError::RemoteError(RemoteError::new(target, e))
+}
+
+fn mismatch<E: std::error::Error>() -> RPCError<NodeId, Member, E> {
+    RPCError::Network(NetworkError::new(&io::Error::other(
+        "answer of the wrong kind",
+    )))
+}
+
+impl RaftNetwork<TypeConfig> for PeerNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+        match self.rpc(Request::Append(rpc), &option).await? {
+            Response::Append(Ok(r)) => Ok(r),
+            Response::Append(Err(e)) => Err(remote(self.target, e)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        // Pace the transfer: wait until the bytes already sent fit the rate.
+        let now = Instant::now();
+        let (started, sent) = match self.sent {
+            Some((started, sent)) if rpc.offset > 0 => (started, sent),
+            _ => (now, 0),
+        };
+        if self.catchup_bytes_per_sec > 0 {
+            let due = Duration::from_secs_f64(sent as f64 / self.catchup_bytes_per_sec as f64);
+            let elapsed = now.duration_since(started);
+            if due > elapsed {
+                tokio::time::sleep(due - elapsed).await;
+            }
+        }
+        let len = rpc.data.len() as u64;
+        let done = rpc.done;
+        let resp = match self.rpc(Request::Snapshot(rpc), &option).await? {
+            Response::Snapshot(Ok(r)) => r,
+            Response::Snapshot(Err(e)) => return Err(remote(self.target, e)),
+            _ => return Err(mismatch()),
+        };
+        self.sent = if done {
+            None
+        } else {
+            Some((started, sent + len))
+        };
+        Ok(resp)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+        match self.rpc(Request::Vote(rpc), &option).await? {
+            Response::Vote(Ok(r)) => Ok(r),
+            Response::Vote(Err(e)) => Err(remote(self.target, e)),
+            _ => Err(mismatch()),
+        }
+    }
+}
+
+/// Answers peers and admin commands on the Raft port until the listener fails.
+pub async fn serve(listener: tokio::net::TcpListener, raft: Raft, admin: Arc<crate::admin::Admin>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("raft port: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let raft = raft.clone();
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, raft, admin).await {
+                if e.kind() != io::ErrorKind::UnexpectedEof {
+                    tracing::debug!(%peer, "raft connection ended: {e}");
+                }
+            }
+        });
+    }
+}
+
+async fn answer(stream: TcpStream, raft: Raft, admin: Arc<crate::admin::Admin>) -> io::Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::with_capacity(256 << 10, r);
+    loop {
+        let req: Request = read_frame(&mut r).await?;
+        let resp = match req {
+            Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
+            Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
+            Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
+            Request::Admin(req) => Response::Admin(admin.handle(req).await),
+        };
+        write_frame(&mut w, &resp).await?;
+    }
+}
+
+/// The address a member's Raft port listens on.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|e| format!("{s:?}: {e}"))
+}

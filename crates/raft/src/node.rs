@@ -1,0 +1,294 @@
+//! One replica: the Raft node, its Raft port, and the `SharedStore` that makes the broker
+//! serve while this member leads.
+
+use crate::admin::Admin;
+use crate::leader::{LeaderStore, Lost};
+use crate::log_store::LogStore;
+use crate::network::NetworkFactory;
+use crate::state::StateMachine;
+use crate::types::{Member, NodeId, Raft};
+use haven_server::ha::{Acquiring, Mastership};
+use haven_server::{Config, ServerError, SharedStore};
+use openraft::{ServerState, SnapshotPolicy};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How often a fresh cluster's first member asks the others whether they are initialised.
+const BOOTSTRAP_POLL_MS: u64 = 200;
+
+/// A member of a replicated group.
+pub struct ReplicatedStore {
+    raft: Raft,
+    sm: StateMachine,
+    id: NodeId,
+    data_dir: PathBuf,
+    store_id: String,
+    election_timeout_ms: u64,
+    heartbeat_ms: u64,
+    _dir_lock: std::sync::Mutex<Box<dyn Send>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn dir_err(dir: &std::path::Path, e: impl std::fmt::Display) -> ServerError {
+    ServerError::DataDir {
+        dir: dir.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+impl ReplicatedStore {
+    /// Opens this member's log and state journal, starts Raft and opens the Raft port. A
+    /// cluster that was never initialised is initialised by its lowest-numbered member once
+    /// every configured member answers and none has a log.
+    pub async fn start(config: &Config) -> Result<ReplicatedStore, ServerError> {
+        let ha = &config.ha;
+        let data_dir = config.journal.dir.clone();
+        let dir_lock = haven_server::lock_data_dir(&data_dir)?;
+        let segment_bytes = config.journal.segment_bytes;
+        let log = LogStore::open(&data_dir, segment_bytes).map_err(|e| dir_err(&data_dir, e))?;
+        let sm = StateMachine::open(&data_dir, segment_bytes).map_err(|e| dir_err(&data_dir, e))?;
+        let raft_config = openraft::Config {
+            cluster_name: ha.cluster_name.clone(),
+            heartbeat_interval: ha.heartbeat_ms,
+            election_timeout_min: ha.election_timeout_ms,
+            election_timeout_max: 2 * ha.election_timeout_ms,
+            install_snapshot_timeout: 10_000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(ha.snapshot_entries),
+            max_in_snapshot_log_to_keep: ha.snapshot_entries.min(1_000),
+            snapshot_max_chunk_size: 4 << 20,
+            max_payload_entries: 1_000,
+            ..Default::default()
+        };
+        let raft_config = Arc::new(
+            raft_config
+                .validate()
+                .map_err(|e| dir_err(&data_dir, format!("[ha] raft settings: {e}")))?,
+        );
+        let network = NetworkFactory {
+            catchup_bytes_per_sec: ha.catchup_bytes_per_sec,
+        };
+        let raft = Raft::new(ha.node_id, raft_config, network, log, sm.clone())
+            .await
+            .map_err(|e| dir_err(&data_dir, format!("starting raft: {e}")))?;
+        let me = ha
+            .members
+            .iter()
+            .find(|m| m.id == ha.node_id)
+            .expect("validated: node_id is a member");
+        let listener = tokio::net::TcpListener::bind(me.raft)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: me.raft,
+                source,
+            })?;
+        let admin = Arc::new(Admin { raft: raft.clone() });
+        let mut tasks = vec![tokio::spawn(crate::network::serve(
+            listener,
+            raft.clone(),
+            admin,
+        ))];
+        let members: BTreeMap<NodeId, Member> = ha
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.id,
+                    Member {
+                        raft: m.raft.to_string(),
+                        stomp: m.stomp.to_string(),
+                    },
+                )
+            })
+            .collect();
+        let first = *members
+            .keys()
+            .next()
+            .expect("validated: at least this member");
+        if first == ha.node_id {
+            tasks.push(tokio::spawn(bootstrap(raft.clone(), ha.node_id, members)));
+        }
+        tracing::info!(
+            id = ha.node_id,
+            raft = %me.raft,
+            "replica started"
+        );
+        Ok(ReplicatedStore {
+            raft,
+            sm,
+            id: ha.node_id,
+            data_dir,
+            store_id: format!("raft-{}", ha.cluster_name),
+            election_timeout_ms: ha.election_timeout_ms,
+            heartbeat_ms: ha.heartbeat_ms,
+            _dir_lock: std::sync::Mutex::new(dir_lock),
+            tasks,
+        })
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Stops Raft (the broker must have stopped first).
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = self.raft.shutdown().await;
+    }
+
+    async fn wait_leader(&self) -> u64 {
+        let mut metrics = self.raft.metrics();
+        loop {
+            {
+                let m = metrics.borrow_and_update();
+                if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
+                    return m.current_term;
+                }
+            }
+            if metrics.changed().await.is_err() {
+                // Raft stopped: never leader again.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    async fn acquire_inner(&self) -> Result<Mastership, ServerError> {
+        loop {
+            let term = self.wait_leader().await;
+            // Leadership is confirmed by a majority and the state machine has applied every
+            // entry committed before this term's first: the state journal is complete.
+            if let Err(e) = self.raft.ensure_linearizable().await {
+                tracing::info!(term, "won an election but could not confirm it: {e}");
+                tokio::time::sleep(Duration::from_millis(self.heartbeat_ms)).await;
+                continue;
+            }
+            let (lost_tx, lost_rx) = watch::channel(None);
+            let lost = Lost(Arc::new(lost_tx));
+            let watcher = tokio::spawn(watch_leadership(
+                self.raft.clone(),
+                term,
+                lost.clone(),
+                2 * self.election_timeout_ms,
+                self.heartbeat_ms,
+            ));
+            tracing::info!(id = self.id, term, "leader: serving clients");
+            return Ok(Mastership {
+                epoch: term,
+                log: Box::new(LeaderStore {
+                    sm: self.sm.shared.clone(),
+                    raft: self.raft.clone(),
+                    term,
+                    node_id: self.id,
+                    data_dir: self.data_dir.clone(),
+                    lost,
+                }),
+                store_id: self.store_id.clone(),
+                lost: lost_rx,
+                hold: Box::new(Hold {
+                    watcher,
+                    sm: self.sm.clone(),
+                }),
+            });
+        }
+    }
+}
+
+/// Held while the broker serves as leader: stops the watcher and removes the durability tap.
+struct Hold {
+    watcher: tokio::task::JoinHandle<()>,
+    sm: StateMachine,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.watcher.abort();
+        self.sm.shared.inner.lock().unwrap().tap = None;
+    }
+}
+
+/// Fires `lost` when this member is no longer leader of `term`, or has not heard from a
+/// majority for `quorum_ms` (a leader cut off with a minority must not go on serving reads of
+/// state a new leader is already changing).
+async fn watch_leadership(raft: Raft, term: u64, lost: Lost, quorum_ms: u64, heartbeat_ms: u64) {
+    let mut metrics = raft.metrics();
+    loop {
+        {
+            let m = metrics.borrow_and_update();
+            if m.state != ServerState::Leader || m.current_term != term {
+                lost.fire(format!(
+                    "now {:?} in term {} (led term {term})",
+                    m.state, m.current_term
+                ));
+                return;
+            }
+            if let Some(ms) = m.millis_since_quorum_ack {
+                if ms > quorum_ms {
+                    lost.fire(format!("no majority has answered for {ms} ms"));
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() {
+                lost.fire("raft stopped".to_string());
+                return;
+            },
+            _ = tokio::time::sleep(Duration::from_millis(heartbeat_ms)) => {}
+        }
+    }
+}
+
+impl SharedStore for ReplicatedStore {
+    fn acquire(&self) -> Acquiring<'_> {
+        Box::pin(self.acquire_inner())
+    }
+
+    fn describe(&self) -> String {
+        format!("raft member {} in {}", self.id, self.data_dir.display())
+    }
+}
+
+/// Initialises a new cluster once every configured member answers and none is initialised:
+/// so a member whose data was wiped never starts a second cluster beside the running one.
+async fn bootstrap(raft: Raft, me: NodeId, members: BTreeMap<NodeId, Member>) {
+    let mut logged = false;
+    loop {
+        match raft.is_initialized().await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(_) => return,
+        }
+        let mut all_fresh = true;
+        for (id, member) in &members {
+            if *id == me {
+                continue;
+            }
+            match crate::client::status(&member.raft).await {
+                Ok(s) if s.last_log_index.is_none() && s.voters.is_empty() => {}
+                Ok(_) => {
+                    // Someone has a log: the cluster exists; wait to be contacted by its leader.
+                    if !logged {
+                        tracing::info!(peer = id, "the cluster exists; waiting for its leader");
+                        logged = true;
+                    }
+                    all_fresh = false;
+                }
+                Err(_) => all_fresh = false,
+            }
+        }
+        if all_fresh {
+            match raft.initialize(members.clone()).await {
+                Ok(()) => {
+                    tracing::info!(members = members.len(), "initialised a new cluster");
+                    return;
+                }
+                Err(e) => tracing::info!("initialise: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(BOOTSTRAP_POLL_MS)).await;
+    }
+}

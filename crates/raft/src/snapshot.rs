@@ -1,0 +1,379 @@
+//! Snapshots: the state journal's segment files, packed into one file.
+//!
+//! A snapshot is what a member needs instead of the log entries a snapshot lets the log purge:
+//! the live part of the state journal. Building one hard-links the journal's segments (cheap,
+//! and safe from the deletions later entries apply) and copies their used bytes into
+//! `snapshots/current.snap` off the state machine's task. A lagging follower is sent that file in
+//! chunks and installs it by writing the segments into a fresh journal directory and swapping
+//! it in, so a backlog of millions of messages is streamed from disk to disk, never held in
+//! memory.
+//!
+//! File layout: `HVNSNAP1`, then a `u32` length and the postcard-encoded `SnapshotMeta`, then a
+//! `u32` segment count and, per segment, its base LSN and length (`u64` each) and its bytes.
+
+use crate::state::Shared;
+use crate::types::{SnapshotMeta, TypeConfig};
+use haven_journal::{segment_file_name, Journal, Lsn};
+use openraft::storage::Snapshot;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+const MAGIC: &[u8; 8] = b"HVNSNAP1";
+/// A snapshot's meta is a membership and a few ids: anything larger is damage.
+const META_BYTES_MAX: u32 = 1 << 20;
+/// Segments in one snapshot: the journal's disk limit divided by the smallest segment.
+const SEGMENTS_MAX: u32 = 1 << 20;
+
+pub(crate) struct SnapshotFiles {
+    data_dir: PathBuf,
+    /// Serialises replacing `current.snap` (a build finishing against an install).
+    replace: Mutex<()>,
+}
+
+fn bad(reason: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, reason.into())
+}
+
+impl SnapshotFiles {
+    pub fn new(data_dir: &Path) -> SnapshotFiles {
+        SnapshotFiles {
+            data_dir: data_dir.to_path_buf(),
+            replace: Mutex::new(()),
+        }
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.data_dir.join("state")
+    }
+    fn dir(&self) -> PathBuf {
+        self.data_dir.join("snapshots")
+    }
+    fn current_path(&self) -> PathBuf {
+        self.dir().join("current.snap")
+    }
+    fn receiving_path(&self) -> PathBuf {
+        self.dir().join("receiving.snap")
+    }
+
+    /// Completes or discards what a crash interrupted: a journal swap, a build, a receive.
+    pub fn finish_interrupted_install(&self) -> io::Result<()> {
+        std::fs::create_dir_all(self.dir())?;
+        let state = self.state_dir();
+        let new = self.data_dir.join("state.new");
+        let old = self.data_dir.join("state.old");
+        if !state.exists() && new.exists() {
+            // `state.new` is complete and synced before the old journal is moved aside.
+            std::fs::rename(&new, &state)?;
+            crate::files::sync_dir(&self.data_dir)?;
+        }
+        for leftover in [new, old] {
+            if leftover.exists() {
+                std::fs::remove_dir_all(leftover)?;
+            }
+        }
+        for entry in std::fs::read_dir(self.dir())? {
+            let path = entry?.path();
+            if path != self.current_path() {
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)?;
+                } else {
+                    std::fs::remove_file(&path)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The meta of the current snapshot, if there is one.
+    pub fn current_meta(&self) -> io::Result<Option<SnapshotMeta>> {
+        match File::open(self.current_path()) {
+            Ok(f) => Ok(Some(read_meta(&mut BufReader::new(f))?)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn current(&self) -> io::Result<Option<Snapshot<TypeConfig>>> {
+        let Some(meta) = self.current_meta()? else {
+            return Ok(None);
+        };
+        let file = tokio::fs::File::open(self.current_path()).await?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(file),
+        }))
+    }
+
+    pub async fn receiving_file(&self) -> io::Result<tokio::fs::File> {
+        tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self.receiving_path())
+            .await
+    }
+
+    /// Makes `path` the current snapshot unless the current one is newer.
+    fn replace_current(&self, path: &Path, meta: &SnapshotMeta) -> io::Result<bool> {
+        let _guard = self.replace.lock().unwrap();
+        if let Some(current) = self.current_meta()? {
+            if current.last_log_id > meta.last_log_id {
+                std::fs::remove_file(path)?;
+                return Ok(false);
+            }
+        }
+        std::fs::rename(path, self.current_path())?;
+        crate::files::sync_dir(&self.dir())?;
+        Ok(true)
+    }
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_meta(r: &mut impl Read) -> io::Result<SnapshotMeta> {
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(bad("not a Haven snapshot (bad magic)"));
+    }
+    let len = read_u32(r)?;
+    if len > META_BYTES_MAX {
+        return Err(bad(format!("snapshot meta of {len} bytes")));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf)?;
+    postcard::from_bytes(&buf).map_err(|e| bad(format!("snapshot meta: {e}")))
+}
+
+/// A snapshot being built: the state as of `meta`, hard-linked segment files.
+pub struct Builder {
+    shared: Arc<Shared>,
+    meta: SnapshotMeta,
+    /// `(base LSN, used bytes, hard link)`.
+    segments: Vec<(Lsn, u64, PathBuf)>,
+    links: PathBuf,
+}
+
+impl Builder {
+    /// Captures the state as applied now. Runs on the state machine's task, so nothing is
+    /// applied meanwhile.
+    pub(crate) async fn capture(shared: Arc<Shared>) -> Builder {
+        let (durable, target) = {
+            let mut inner = shared.inner.lock().unwrap();
+            let j = inner.journal();
+            j.flush();
+            (j.durable(), j.next_lsn() - 1)
+        };
+        let mut durable = durable;
+        // A failed journal stops the broker; the build then fails below on the missing files.
+        let _ = durable
+            .wait_for(|d| d.as_ref().map_or(true, |d| *d >= target))
+            .await;
+        let mut inner = shared.inner.lock().unwrap();
+        inner.snapshot_seq += 1;
+        let seq = inner.snapshot_seq;
+        let meta = SnapshotMeta {
+            last_log_id: inner.last_applied,
+            last_membership: inner.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}-{seq}",
+                inner.last_applied.map_or(0, |l| l.leader_id.term),
+                inner.last_applied.map_or(0, |l| l.index)
+            ),
+        };
+        let links = shared.files.dir().join(format!("building-{seq}"));
+        let state_dir = shared.files.state_dir();
+        let segments = inner.journal().segments();
+        let mut linked = Vec::new();
+        let mut link_all = || -> io::Result<()> {
+            std::fs::create_dir_all(&links)?;
+            for s in &segments {
+                let name = segment_file_name(s.base_lsn);
+                let link = links.join(&name);
+                std::fs::hard_link(state_dir.join(&name), &link)?;
+                linked.push((s.base_lsn, s.bytes, link));
+            }
+            Ok(())
+        };
+        if let Err(e) = link_all() {
+            tracing::error!(
+                "snapshot {}: cannot link the state journal's segments: {e}",
+                meta.snapshot_id
+            );
+            linked.clear();
+        }
+        Builder {
+            shared: shared.clone(),
+            meta,
+            segments: linked,
+            links,
+        }
+    }
+
+    pub(crate) async fn build(&mut self) -> io::Result<Snapshot<TypeConfig>> {
+        let shared = self.shared.clone();
+        let meta = self.meta.clone();
+        let segments = std::mem::take(&mut self.segments);
+        let links = self.links.clone();
+        let path = tokio::task::spawn_blocking(move || -> io::Result<PathBuf> {
+            let result = write_snapshot(&shared, &meta, &segments, &links);
+            let _ = std::fs::remove_dir_all(&links);
+            result
+        })
+        .await
+        .expect("the snapshot writer does not panic")?;
+        let _ = path;
+        tracing::info!(snapshot = %self.meta.snapshot_id, "snapshot built");
+        let file = tokio::fs::File::open(self.shared.files.current_path()).await?;
+        Ok(Snapshot {
+            meta: self
+                .shared
+                .files
+                .current_meta()?
+                .unwrap_or_else(|| self.meta.clone()),
+            snapshot: Box::new(file),
+        })
+    }
+}
+
+fn write_snapshot(
+    shared: &Shared,
+    meta: &SnapshotMeta,
+    segments: &[(Lsn, u64, PathBuf)],
+    links: &Path,
+) -> io::Result<PathBuf> {
+    if segments.is_empty() {
+        return Err(io::Error::other("no segments captured"));
+    }
+    let tmp = links.with_extension("snap");
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    out.write_all(MAGIC)?;
+    let meta_bytes = postcard::to_allocvec(meta).expect("encoding to a Vec cannot fail");
+    out.write_all(&(meta_bytes.len() as u32).to_le_bytes())?;
+    out.write_all(&meta_bytes)?;
+    out.write_all(&(segments.len() as u32).to_le_bytes())?;
+    for (base, bytes, link) in segments {
+        out.write_all(&base.to_le_bytes())?;
+        out.write_all(&bytes.to_le_bytes())?;
+        let mut f = File::open(link)?.take(*bytes);
+        let copied = io::copy(&mut f, &mut out)?;
+        if copied != *bytes {
+            return Err(bad(format!(
+                "segment {base} ended after {copied} of {bytes} bytes"
+            )));
+        }
+    }
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    shared.files.replace_current(&tmp, meta)?;
+    Ok(shared.files.current_path())
+}
+
+/// Writes the segments of the snapshot file at `path` into the directory `new` (created
+/// empty), synced. Returns the snapshot's meta.
+fn unpack(path: &Path, new: &Path) -> io::Result<SnapshotMeta> {
+    let mut r = BufReader::with_capacity(1 << 20, File::open(path)?);
+    let meta = read_meta(&mut r)?;
+    if new.exists() {
+        std::fs::remove_dir_all(new)?;
+    }
+    std::fs::create_dir_all(new)?;
+    let count = read_u32(&mut r)?;
+    if count == 0 || count > SEGMENTS_MAX {
+        return Err(bad(format!("snapshot with {count} segments")));
+    }
+    for _ in 0..count {
+        let base = read_u64(&mut r)?;
+        let bytes = read_u64(&mut r)?;
+        let mut f = File::create(new.join(segment_file_name(base)))?;
+        let copied = io::copy(&mut (&mut r).take(bytes), &mut f)?;
+        if copied != bytes {
+            return Err(bad(format!(
+                "snapshot segment {base} ended after {copied} of {bytes} bytes"
+            )));
+        }
+        f.sync_all()?;
+    }
+    if r.stream_position()? != std::fs::metadata(path)?.len() {
+        return Err(bad("bytes after the last snapshot segment"));
+    }
+    crate::files::sync_dir(new)?;
+    Ok(meta)
+}
+
+/// Makes the complete, synced directory `state.new` the state journal.
+fn swap_in(files: &SnapshotFiles) -> io::Result<()> {
+    let state = files.state_dir();
+    let new = files.data_dir.join("state.new");
+    let old = files.data_dir.join("state.old");
+    if state.exists() {
+        std::fs::rename(&state, &old)?;
+    }
+    std::fs::rename(&new, &state)?;
+    crate::files::sync_dir(&files.data_dir)?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old)?;
+    }
+    Ok(())
+}
+
+/// Rebuilds a damaged state journal from this member's current snapshot (or empty, if it has
+/// none: then its Raft log was never purged and holds every entry). The entries after the
+/// snapshot are applied again from the Raft log.
+pub(crate) fn rebuild_state(files: &SnapshotFiles) -> io::Result<()> {
+    let new = files.data_dir.join("state.new");
+    if files.current_path().exists() {
+        unpack(&files.current_path(), &new)?;
+    } else {
+        if new.exists() {
+            std::fs::remove_dir_all(&new)?;
+        }
+        std::fs::create_dir_all(&new)?;
+    }
+    swap_in(files)
+}
+
+/// Installs the snapshot just received: its segments become the state journal.
+pub(crate) fn install(shared: &Shared, meta: &SnapshotMeta) -> io::Result<()> {
+    let files = &shared.files;
+    let received = files.receiving_path();
+    let new = files.data_dir.join("state.new");
+    let file_meta = unpack(&received, &new)?;
+    if file_meta.last_log_id != meta.last_log_id {
+        return Err(bad(format!(
+            "received snapshot is of {:?}, expected {:?}",
+            file_meta.last_log_id, meta.last_log_id
+        )));
+    }
+    let mut inner = shared.inner.lock().unwrap();
+    assert!(inner.tap.is_none(), "a leader is never sent a snapshot");
+    if let Some(journal) = inner.journal.take() {
+        // Whatever it held is replaced; a failure to close only matters for that content.
+        if let Err(e) = journal.close() {
+            tracing::warn!("closing the replaced state journal: {e}");
+        }
+    }
+    swap_in(files)?;
+    let journal = Journal::open(inner.journal_config.clone(), |_, _| Ok(()))
+        .map_err(|e| io::Error::other(format!("the installed state journal: {e}")))?;
+    inner.journal = Some(journal);
+    inner.last_applied = meta.last_log_id;
+    inner.membership = meta.last_membership.clone();
+    drop(inner);
+    files.replace_current(&received, meta)?;
+    tracing::info!(snapshot = %meta.snapshot_id, "snapshot installed");
+    Ok(())
+}
