@@ -1,0 +1,419 @@
+//! Shared-nothing replication with real `haven` processes (`[ha] mode = "replicated"`): each
+//! member has its own data directory; the Raft leader serves, the others do not listen.
+//!
+//! 1. The leader is killed with `kill -9` again and again under load; each time another member
+//!    leads and the killed one is started again and catches up. Exactly once holds.
+//! 2. The leader is frozen (SIGSTOP) while a client waits on it; the others elect a new leader;
+//!    the old one, resumed, acknowledges nothing it did not get committed.
+//! 3. A member's data directory is wiped while the others go on (snapshots purge their logs),
+//!    and it rejoins: it catches up from a streamed snapshot, and its state journal holds the
+//!    same records at the same LSNs as the leader's.
+//! 4. Membership changes under load: a fourth member is added (it catches up as a learner, then
+//!    votes), then the leader itself is removed; exactly once holds throughout.
+//!
+//! Kill intervals are random but seeded (printed; HAVEN_RAFT_SEED replays them).
+
+#[path = "support/group.rs"]
+mod group;
+#[path = "support/traffic.rs"]
+mod traffic;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use group::*;
+use haven_client::{ConnectOptions, Connection};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tokio::sync::Mutex;
+use traffic::*;
+
+const QUEUE: &str = "/queue/replicated";
+const KILL_AFTER_MS: std::ops::Range<u64> = 300..1_000;
+/// Generous for debug builds on a loaded 2-core machine: a slow follower fsync must not look
+/// like a dead leader. (Failover time is measured in release builds, in the benchmark.)
+const TIMING: &str = "heartbeat_ms = 200\nelection_timeout_ms = 800\n";
+const CATCH_UP_WAIT_MS: u64 = 60_000;
+
+struct Spec {
+    id: u64,
+    raft: SocketAddr,
+    stomp: SocketAddr,
+}
+
+fn config(me: u64, members: &[Spec], extra_ha: &str) -> String {
+    let mut s = format!(
+        "[broker]\nname = \"r{me}\"\n\n[ha]\nmode = \"replicated\"\nnode_id = {me}\n\
+         cluster_name = \"test\"\n{TIMING}{extra_ha}\n"
+    );
+    for m in members {
+        s += &format!(
+            "[[ha.members]]\nid = {}\nraft = \"{}\"\nstomp = \"{}\"\n\n",
+            m.id, m.raft, m.stomp
+        );
+    }
+    s
+}
+
+fn specs(n: u64) -> Vec<Spec> {
+    (1..=n)
+        .map(|id| Spec {
+            id,
+            raft: free_addr(),
+            stomp: free_addr(),
+        })
+        .collect()
+}
+
+fn opts(dir: &std::path::Path, me: &Spec, members: &[Spec], extra_ha: &str) -> BrokerOpts {
+    let mut o = BrokerOpts::new(
+        env!("CARGO_BIN_EXE_haven"),
+        dir.join(format!("r{}", me.id)),
+        me.stomp,
+    );
+    o.config_toml = Some(config(me.id, members, extra_ha));
+    o
+}
+
+/// Starts `members` (all of them) and waits for a leader.
+fn start_cluster(dir: &std::path::Path, members: &[Spec], extra_ha: &str) -> Vec<BrokerProcess> {
+    let mut brokers: Vec<BrokerProcess> = members
+        .iter()
+        .map(|m| BrokerProcess::spawn(opts(dir, m, members, extra_ha)).expect("member starts"))
+        .collect();
+    wait_master(&mut brokers);
+    brokers
+}
+
+fn status(raft: SocketAddr) -> Option<haven_raft::Status> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(haven_raft::client::status(&raft.to_string()))
+        .ok()
+}
+
+/// Waits until member `raft` has applied what the leader at `leader_raft` has.
+fn wait_caught_up(raft: SocketAddr, leader_raft: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_millis(CATCH_UP_WAIT_MS);
+    loop {
+        let leader = status(leader_raft).and_then(|s| s.last_applied_index);
+        let member = status(raft).and_then(|s| s.last_applied_index);
+        if leader.is_some() && member >= leader {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member {raft} did not catch up: {member:?} < {leader:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stop_all(brokers: &mut [BrokerProcess]) {
+    for b in brokers.iter_mut() {
+        if b.is_running() {
+            b.stop().expect("member stops");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_killed_repeatedly_under_load_another_member_leads_exactly_once() {
+    const KILLS: usize = 4;
+    let seed = seed("HAVEN_RAFT_SEED");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    let brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = specs_clone(&members);
+        move || start_cluster(&dir, &members, "")
+    })
+    .await;
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let t = Traffic::start(&uri, QUEUE).await;
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    for _ in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
+        let brokers = brokers.clone();
+        blocking(move || kill_master_and_rejoin(&mut brokers.blocking_lock())).await;
+    }
+    let report = t.finish_exactly_once(pipelined).await;
+    eprintln!("replicated, {KILLS} leader kills: {report}");
+    let mut b = brokers.lock().await;
+    if !report.is_ok() {
+        eprintln!("{}", logs(&b));
+    }
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "seed {seed}: {report}");
+    stop_all(&mut b);
+}
+
+fn specs_clone(s: &[Spec]) -> Vec<Spec> {
+    s.iter()
+        .map(|m| Spec {
+            id: m.id,
+            raft: m.raft,
+            stomp: m.stomp,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_acknowledges_nothing_after_another_member_leads() {
+    const STORED: usize = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    let mut brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = specs_clone(&members);
+        move || start_cluster(&dir, &members, "")
+    })
+    .await;
+    let old = wait_master_async(&mut brokers).await;
+    let conn = Connection::connect(&brokers[old].addr().to_string(), ConnectOptions::default())
+        .await
+        .expect("connect to the leader");
+    for i in 0..STORED {
+        conn.send_receipted(QUEUE, &[], format!("before-{i}"))
+            .await
+            .expect("stored");
+    }
+    brokers[old].sigstop().expect("SIGSTOP");
+    // The other two elect a leader among themselves.
+    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
+    let new = loop {
+        let s = blocking({
+            let addrs: Vec<SocketAddr> = brokers.iter().map(|b| b.addr()).collect();
+            move || {
+                addrs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, a)| {
+                        *i != old
+                            && matches!(haven_testkit::stomp_connect_probe(**a, Duration::from_millis(PROBE_TIMEOUT_MS)), Ok(c) if c == "CONNECTED")
+                    })
+                    .map(|(i, _)| i)
+                    .collect::<Vec<_>>()
+            }
+        })
+        .await;
+        if let [n] = s[..] {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader:\n{}",
+            logs(&brokers)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The new leader stores something, so the old leader's log has a conflicting suffix to
+    // meet when it wakes.
+    let c2 = Connection::connect(&brokers[new].addr().to_string(), ConnectOptions::default())
+        .await
+        .expect("connect to the new leader");
+    c2.send_receipted(QUEUE, &[], "on-the-new-leader")
+        .await
+        .expect("stored by the new leader");
+    brokers[old].sigcont().expect("SIGCONT");
+    // It wakes believing it leads; a SEND to it must not be receipted.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        conn.send_receipted(QUEUE, &[], "after-losing-leadership"),
+    )
+    .await
+    .expect("the old leader answers or closes");
+    assert!(
+        refused.is_err(),
+        "a deposed leader receipted a SEND:\n{}",
+        logs(&brokers)
+    );
+    let log = std::fs::read_to_string(brokers[old].log_path()).unwrap();
+    assert!(log.contains("leadership lost"), "{log}");
+    // Everything receipted is on the new leader, once, and the refused SEND is not.
+    let mut got = Vec::new();
+    let mut sub = c2
+        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
+        .await
+        .expect("subscribe");
+    while got.len() < STORED + 1 {
+        let m = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("a message")
+            .expect("message");
+        got.push(String::from_utf8_lossy(&m.body).into_owned());
+    }
+    let extra = tokio::time::timeout(Duration::from_millis(500), sub.next()).await;
+    assert!(extra.is_err(), "an unreceipted SEND was stored");
+    let mut want: Vec<String> = (0..STORED).map(|i| format!("before-{i}")).collect();
+    want.push("on-the-new-leader".into());
+    assert_eq!(got, want);
+    stop_all(&mut brokers);
+}
+
+/// Every record of a state journal, by LSN.
+fn state_records(data_dir: &std::path::Path) -> Vec<(u64, Vec<u8>)> {
+    let state = data_dir.join("state");
+    let mut reader = haven_journal::Reader::open(&state).expect("state journal");
+    let mut names: Vec<u64> = std::fs::read_dir(&state)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".seg")?.parse().ok()
+        })
+        .collect();
+    names.sort_unstable();
+    let mut out = Vec::new();
+    let mut lsn = *names.first().expect("a segment");
+    while let Ok(p) = reader.read(lsn) {
+        out.push((lsn, p));
+        lsn += 1;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    // Small snapshots and a short log, so the wiped member cannot catch up from the log alone.
+    let extra = "snapshot_entries = 50\n";
+    let brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = specs_clone(&members);
+        move || start_cluster(&dir, &members, extra)
+    })
+    .await;
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let t = Traffic::start(&uri, QUEUE).await;
+    let receipts = t.receipts.clone();
+    wait_progress(&receipts, 0, 50).await;
+    // Kill a follower and wipe its data.
+    let victim = {
+        let mut b = brokers.lock().await;
+        let leader = wait_master_async(&mut b).await;
+        let victim = (leader + 1) % 3;
+        b[victim].kill9().expect("kill -9");
+        std::fs::remove_dir_all(b[victim].data_dir()).expect("wipe");
+        victim
+    };
+    // The others go on without it, snapshotting and purging their logs.
+    wait_progress(
+        &receipts,
+        receipts.load(std::sync::atomic::Ordering::Relaxed),
+        300,
+    )
+    .await;
+    brokers.lock().await[victim]
+        .respawn()
+        .expect("respawn the wiped member");
+    {
+        let b = brokers.clone();
+        let victim_raft = members[victim].raft;
+        let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
+        blocking(move || {
+            let mut b = b.blocking_lock();
+            let leader = wait_master(&mut b);
+            wait_caught_up(victim_raft, rafts[leader]);
+        })
+        .await;
+    }
+    let report = t.finish_exactly_once(Vec::new()).await;
+    eprintln!("replicated, wiped member rejoined: {report}");
+    let mut b = brokers.lock().await;
+    assert!(report.is_ok(), "{report}\n{}", logs(&b));
+    let log = std::fs::read_to_string(b[victim].log_path()).unwrap();
+    assert!(log.contains("snapshot installed"), "{log}");
+    // Quiet now: every member has applied everything; the wiped one's journal matches.
+    let leader = wait_master_async(&mut b).await;
+    let (victim_raft, leader_raft) = (members[victim].raft, members[leader].raft);
+    blocking(move || wait_caught_up(victim_raft, leader_raft)).await;
+    stop_all(&mut b);
+    let theirs = state_records(b[victim].data_dir());
+    let ours = state_records(b[leader].data_dir());
+    assert!(!theirs.is_empty());
+    let first = theirs[0].0.max(ours[0].0);
+    let a: Vec<_> = theirs.iter().filter(|(l, _)| *l >= first).collect();
+    let o: Vec<_> = ours.iter().filter(|(l, _)| *l >= first).collect();
+    assert_eq!(
+        a.len(),
+        o.len(),
+        "the rejoined member's journal has as many records"
+    );
+    assert!(
+        a == o,
+        "the rejoined member's records differ from the leader's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_added_and_the_leader_removed_under_load_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = specs(4);
+    let first_three = specs_clone(&all[..3]);
+    let mut brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = specs_clone(&first_three);
+        move || start_cluster(&dir, &members, "")
+    })
+    .await;
+    // The fourth member knows all four; the others learn of it from the log.
+    let fourth = BrokerProcess::spawn(opts(dir.path(), &all[3], &all, "")).expect("fourth starts");
+    brokers.push(fourth);
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let t = Traffic::start(&uri, QUEUE).await;
+    let receipts = t.receipts.clone();
+    wait_progress(&receipts, 0, 50).await;
+    let any = all[0].raft.to_string();
+    let done = haven_raft::client::change(
+        &any,
+        haven_raft::AdminRequest::Add {
+            id: 4,
+            member: haven_raft::Member {
+                raft: all[3].raft.to_string(),
+                stomp: all[3].stomp.to_string(),
+            },
+        },
+    )
+    .await
+    .expect("add member 4");
+    eprintln!("{done}");
+    wait_progress(
+        &receipts,
+        receipts.load(std::sync::atomic::Ordering::Relaxed),
+        50,
+    )
+    .await;
+    let leader = wait_master_async(&mut brokers).await;
+    let leader_id = all[leader].id;
+    let done = haven_raft::client::change(&any, haven_raft::AdminRequest::Remove { id: leader_id })
+        .await
+        .expect("remove the leader");
+    eprintln!("{done}");
+    // Another member leads; the removed one stops serving.
+    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
+    loop {
+        let now = wait_master_async(&mut brokers).await;
+        if now != leader {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the removed leader still leads");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = haven_raft::client::status(&all[3].raft.to_string())
+        .await
+        .expect("status of member 4");
+    assert!(s.voters.contains_key(&4), "{s:?}");
+    assert!(!s.voters.contains_key(&leader_id), "{s:?}");
+    let report = t.finish_exactly_once(Vec::new()).await;
+    eprintln!("replicated, member added and leader removed: {report}");
+    assert!(report.is_ok(), "{report}\n{}", logs(&brokers));
+    stop_all(&mut brokers);
+}
