@@ -18,7 +18,9 @@
 //! blocked on it becomes master (epoch bump, recovery, listen), and the client reconnects to
 //! it. The killed broker is started again as a slave. The shared-db variant does the same over
 //! a throwaway PostgreSQL (default lease settings): the dead master's database session ends
-//! with it, so the slave takes the lease without waiting for it to expire.
+//! with it, so the slave takes the lease without waiting for it to expire. The replicated
+//! variant kills the Raft leader of three members (default timings): the others elect a new
+//! leader, which recovers its state journal and listens; the killed member rejoins as a follower.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -93,6 +95,43 @@ async fn shared_db_failover_time_kill9_to_first_receipt() {
         })
         .collect();
     trials("shared-db master/slave", brokers, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+async fn replicated_failover_time_kill9_to_first_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let members: Vec<(u64, std::net::SocketAddr, std::net::SocketAddr)> =
+        (1..=3).map(|id| (id, free_addr(), free_addr())).collect();
+    let mut list = String::new();
+    for (id, raft, stomp) in &members {
+        list += &format!("[[ha.members]]\nid = {id}\nraft = \"{raft}\"\nstomp = \"{stomp}\"\n");
+    }
+    let mut brokers: Vec<BrokerProcess> = members
+        .iter()
+        .map(|(id, _, stomp)| {
+            let mut opts = BrokerOpts::new(
+                env!("CARGO_BIN_EXE_haven"),
+                dir.path().join(format!("r{id}")),
+                *stomp,
+            );
+            // Default timings (heartbeat 50 ms, election timeout 150 ms: a follower stands after 450-600 ms).
+            opts.config_toml = Some(format!(
+                "[ha]\nmode = \"replicated\"\nnode_id = {id}\n{list}"
+            ));
+            BrokerProcess::spawn(opts).expect("member starts")
+        })
+        .collect();
+    // Wait for a leader before the client connects.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !brokers.iter().any(|b| {
+        matches!(haven_testkit::stomp_connect_probe(b.addr(), Duration::from_millis(500)), Ok(c) if c == "CONNECTED")
+    }) {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = &mut brokers;
+    trials("3 replicas (Raft)", brokers, true).await;
 }
 
 /// Kills the broker in use `TRIALS` times; `slaves`: brokers come back as slaves (shared

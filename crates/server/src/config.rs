@@ -205,8 +205,9 @@ pub struct HaConfig {
     /// replicated: how often the leader sends heartbeats; also how long a follower may take to
     /// answer one AppendEntries (its fsync included) before the leader retries.
     pub heartbeat_ms: u64,
-    /// replicated: a follower that hears no leader for a random time between this and twice
-    /// this stands for election. A leader that has not heard from a majority for twice this
+    /// replicated: a follower that hears no leader for twice this plus a random time between
+    /// this and twice this (openraft's leader lease, then its election timeout) stands for
+    /// election. A leader that has not heard from a majority for twice this
     /// stops serving.
     pub election_timeout_ms: u64,
     /// replicated: a snapshot is taken (and the Raft log before it purged) every this many
@@ -258,8 +259,8 @@ impl Default for HaConfig {
             node_id: 0,
             members: Vec::new(),
             cluster_name: "haven".to_string(),
-            heartbeat_ms: 100,
-            election_timeout_ms: 400,
+            heartbeat_ms: 50,
+            election_timeout_ms: 150,
             snapshot_entries: 20_000,
             catchup_bytes_per_sec: 64 << 20,
         }
