@@ -4,18 +4,7 @@
 # 4 consumers, 1 KiB persistent, RECEIPT every 100). Default [ha] timings.
 #
 #   bash bench/replicated.sh [REPS] [COUNT]
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REPS="${1:-3}"
-COUNT="${2:-300000}"
-BIN="$PWD/target/release/haven"
-cargo build --release -q -p haven-cli
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
-bench() { "$BIN" bench --url "$1" --producers 4 --consumers 4 --size 1024 --receipt-every 100 --count "$COUNT" --json 2>/dev/null | tail -1; }
+source "$(dirname "${BASH_SOURCE[0]}")/ha_common.sh" "$@"
 for id in 1 2 3; do
     {
         printf '[ha]\nmode = "replicated"\nnode_id = %s\n' "$id"
@@ -25,11 +14,8 @@ for id in 1 2 3; do
     } > "$WORK/r$id.toml"
 done
 for rep in $(seq 1 "$REPS"); do
-    rm -rf "$WORK/standalone" "$WORK"/d*
-    "$BIN" run --data "$WORK/standalone" --stomp 127.0.0.1:17101 2>"$WORK/s.log" & PIDS+=($!)
-    wait_port 17101
-    echo "rep $rep standalone $(bench 127.0.0.1:17101)"
-    kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+    bench_standalone "$rep"
+    rm -rf "$WORK"/d*
     for id in 1 2 3; do
         "$BIN" run --config "$WORK/r$id.toml" --data "$WORK/d$id" --stomp "127.0.0.1:$((17200 + id))" 2>"$WORK/r$id.log" & PIDS+=($!)
     done
@@ -42,6 +28,6 @@ for rep in $(seq 1 "$REPS"); do
         sleep 0.05
     done
     [ -n "$LEADER" ] || { echo "no leader" >&2; exit 1; }
-    echo "rep $rep replicated $(bench "127.0.0.1:$LEADER")"
+    echo "rep $rep replicated $(bench "$LEADER")"
     kill "${PIDS[-1]}" "${PIDS[-2]}" "${PIDS[-3]}"; wait 2>/dev/null || true
 done

@@ -6,39 +6,20 @@
 # user who can run initdb.
 #
 #   bash bench/shared_db.sh [REPS] [COUNT]
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REPS="${1:-3}"
-COUNT="${2:-300000}"
-BIN="$PWD/target/release/haven"
+source "$(dirname "${BASH_SOURCE[0]}")/ha_common.sh" "$@"
 PGBIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
 PGPORT=17200
-cargo build --release -q -p haven-cli
-WORK="$(mktemp -d)"
 chmod 755 "$WORK"
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    as_pg "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast stop >/dev/null 2>&1 || true
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+cleanup_extra() { as_pg "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast stop >/dev/null 2>&1 || true; }
 mkdir "$WORK/pg"
 [ "$(id -u)" -eq 0 ] && chown postgres "$WORK/pg"
 as_pg "$PGBIN/initdb" -D "$WORK/pg" -U postgres --auth=trust >/dev/null
 as_pg "$PGBIN/pg_ctl" -D "$WORK/pg" -o "-p $PGPORT -k $WORK/pg -c listen_addresses=127.0.0.1" -l "$WORK/pg/log" -w start >/dev/null
 URL="postgres://postgres@127.0.0.1:$PGPORT/postgres"
-wait_port() { for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
-bench() { "$BIN" bench --url "127.0.0.1:$1" --producers 4 --consumers 4 --size 1024 --receipt-every 100 --count "$COUNT" --json 2>/dev/null | tail -1; }
 printf '[ha]\nmode = "shared-db"\ndb_url = "%s"\n' "$URL" > "$WORK/ha.toml"
 for rep in $(seq 1 "$REPS"); do
-    rm -rf "$WORK/standalone"
-    "$BIN" run --data "$WORK/standalone" --stomp 127.0.0.1:17101 2>"$WORK/s.log" & PIDS+=($!)
-    wait_port 17101
-    echo "rep $rep standalone $(bench 17101)"
-    kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+    bench_standalone "$rep"
     as_pg "$PGBIN/psql" -h 127.0.0.1 -p $PGPORT -U postgres -qc "DROP TABLE IF EXISTS haven_log, haven_lease, haven_meta" postgres >/dev/null
     "$BIN" run --config "$WORK/ha.toml" --data "$WORK/m" --stomp 127.0.0.1:17102 2>"$WORK/m.log" & PIDS+=($!)
     wait_port 17102

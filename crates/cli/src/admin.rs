@@ -55,19 +55,7 @@ pub async fn run(args: AdminArgs) -> Result<(), String> {
                 .map_err(|e| format!("{raft}: {e}"))?;
             println!(
                 "{}",
-                serde_json::to_string_pretty(&serde_json::json!({
-                    "id": s.id,
-                    "state": s.state,
-                    "term": s.term,
-                    "leader": s.leader,
-                    "last_log_index": s.last_log_index,
-                    "last_applied_index": s.last_applied_index,
-                    "snapshot_index": s.snapshot_index,
-                    "voters": s.voters.iter().map(|(id, m)| (id.to_string(), m.to_string())).collect::<std::collections::BTreeMap<_, _>>(),
-                    "learners": s.learners.iter().map(|(id, m)| (id.to_string(), m.to_string())).collect::<std::collections::BTreeMap<_, _>>(),
-                    "matched": s.matched.iter().map(|(id, m)| (id.to_string(), *m)).collect::<std::collections::BTreeMap<_, _>>(),
-                }))
-                .expect("json")
+                serde_json::to_string_pretty(&s).expect("a status serialises")
             );
             Ok(())
         }

@@ -107,7 +107,7 @@ async fn replicated_failover_time_kill9_to_first_receipt() {
     for (id, raft, stomp) in &members {
         list += &format!("[[ha.members]]\nid = {id}\nraft = \"{raft}\"\nstomp = \"{stomp}\"\n");
     }
-    let mut brokers: Vec<BrokerProcess> = members
+    let brokers: Vec<BrokerProcess> = members
         .iter()
         .map(|(id, _, stomp)| {
             let mut opts = BrokerOpts::new(
@@ -130,7 +130,6 @@ async fn replicated_failover_time_kill9_to_first_receipt() {
         assert!(Instant::now() < deadline, "no leader");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let _ = &mut brokers;
     trials("3 replicas (Raft)", brokers, true).await;
 }
 

@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use group::*;
 use haven_client::{ConnectOptions, Connection};
 use haven_testkit::{free_addr, BrokerOpts, BrokerProcess};
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
 
@@ -36,6 +35,7 @@ const KILL_AFTER_MS: std::ops::Range<u64> = 300..1_000;
 const TIMING: &str = "heartbeat_ms = 200\nelection_timeout_ms = 800\n";
 const CATCH_UP_WAIT_MS: u64 = 60_000;
 
+#[derive(Clone, Copy)]
 struct Spec {
     id: u64,
     raft: SocketAddr,
@@ -124,27 +124,16 @@ fn stop_all(brokers: &mut [BrokerProcess]) {
 async fn leader_killed_repeatedly_under_load_another_member_leads_exactly_once() {
     const KILLS: usize = 4;
     let seed = seed("HAVEN_RAFT_SEED");
-    let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let members = specs(3);
     let brokers = blocking({
         let dir = dir.path().to_path_buf();
-        let members = specs_clone(&members);
+        let members = members.clone();
         move || start_cluster(&dir, &members, "")
     })
     .await;
-    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
-    let brokers = Arc::new(Mutex::new(brokers));
-    let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = t.spawn_pipelined(QUEUE, 2);
-    for _ in 0..KILLS {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
-        let brokers = brokers.clone();
-        blocking(move || kill_master_and_rejoin(&mut brokers.blocking_lock())).await;
-    }
-    let report = t.finish_exactly_once(pipelined).await;
+    let (report, mut b) = kill_masters_under_load(brokers, QUEUE, KILLS, KILL_AFTER_MS, seed).await;
     eprintln!("replicated, {KILLS} leader kills: {report}");
-    let mut b = brokers.lock().await;
     if !report.is_ok() {
         eprintln!("{}", logs(&b));
     }
@@ -154,16 +143,6 @@ async fn leader_killed_repeatedly_under_load_another_member_leads_exactly_once()
     stop_all(&mut b);
 }
 
-fn specs_clone(s: &[Spec]) -> Vec<Spec> {
-    s.iter()
-        .map(|m| Spec {
-            id: m.id,
-            raft: m.raft,
-            stomp: m.stomp,
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_leader_acknowledges_nothing_after_another_member_leads() {
     const STORED: usize = 20;
@@ -171,7 +150,7 @@ async fn a_frozen_leader_acknowledges_nothing_after_another_member_leads() {
     let members = specs(3);
     let mut brokers = blocking({
         let dir = dir.path().to_path_buf();
-        let members = specs_clone(&members);
+        let members = members.clone();
         move || start_cluster(&dir, &members, "")
     })
     .await;
@@ -286,7 +265,7 @@ async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() 
     let extra = "snapshot_entries = 50\n";
     let brokers = blocking({
         let dir = dir.path().to_path_buf();
-        let members = specs_clone(&members);
+        let members = members.clone();
         move || start_cluster(&dir, &members, extra)
     })
     .await;
@@ -357,10 +336,10 @@ async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() 
 async fn members_added_and_the_leader_removed_under_load_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let all = specs(4);
-    let first_three = specs_clone(&all[..3]);
+    let first_three = all[..3].to_vec();
     let mut brokers = blocking({
         let dir = dir.path().to_path_buf();
-        let members = specs_clone(&first_three);
+        let members = first_three.clone();
         move || start_cluster(&dir, &members, "")
     })
     .await;

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use group::*;
 use haven_client::{ConnectOptions, Connection};
 use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, PgCluster};
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
 
@@ -78,21 +77,10 @@ async fn db_master_killed_repeatedly_under_load_slaves_take_over_exactly_once() 
         return;
     };
     let seed = seed("HAVEN_SHARED_SEED");
-    let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let brokers = start_group(dir.path(), 2, &pg.url(), "");
-    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
-    let brokers = Arc::new(Mutex::new(brokers));
-    let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = t.spawn_pipelined(QUEUE, 2);
-    for _ in 0..KILLS {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
-        let brokers = brokers.clone();
-        blocking(move || kill_master_and_rejoin(&mut brokers.blocking_lock())).await;
-    }
-    let report = t.finish_exactly_once(pipelined).await;
+    let (report, mut b) = kill_masters_under_load(brokers, QUEUE, KILLS, KILL_AFTER_MS, seed).await;
     eprintln!("shared-db, {KILLS} master kills: {report}");
-    let mut b = brokers.lock().await;
     assert!(report.receipted > 0, "{report}");
     assert_eq!(report.unknown, 0, "{report}");
     assert!(report.is_ok(), "seed {seed}: {report}\n{}", logs(&b));

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use group::*;
 use haven_client::{ConnectOptions, Connection};
 use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Duplicates};
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
 
@@ -65,21 +64,10 @@ fn start_group_with(dir: &std::path::Path, n: usize, extra_ha: &str) -> Vec<Brok
 async fn master_killed_repeatedly_under_load_slaves_take_over_exactly_once() {
     const KILLS: usize = 5;
     let seed = seed("HAVEN_SHARED_SEED");
-    let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let brokers = start_group(dir.path(), 2);
-    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
-    let brokers = Arc::new(Mutex::new(brokers));
-    let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = t.spawn_pipelined(QUEUE, 2);
-    for _ in 0..KILLS {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
-        let brokers = brokers.clone();
-        blocking(move || kill_master_and_rejoin(&mut brokers.blocking_lock())).await;
-    }
-    let report = t.finish_exactly_once(pipelined).await;
+    let (report, mut b) = kill_masters_under_load(brokers, QUEUE, KILLS, KILL_AFTER_MS, seed).await;
     eprintln!("shared-fs, {KILLS} master kills: {report}");
-    let mut b = brokers.lock().await;
     if !report.is_ok() {
         eprintln!("{}", logs(&b));
     }

@@ -2,7 +2,7 @@
 //! proposed through Raft in batches (one entry per flush, pipelined), and reported durable
 //! once committed by a majority and applied to this member's state journal.
 
-use crate::state::{journal_view, Shared, Tap};
+use crate::state::{segments, Shared, Tap};
 use crate::types::{pack_record, Blob, Command, Raft};
 use haven_journal::{Journal, JournalError, JournalFailure, Lsn, SegmentInfo};
 use haven_server::{DurableLog, LogStore, OnRecord};
@@ -224,7 +224,7 @@ impl DurableLog for LeaderLog {
     }
 
     fn segments(&self) -> Vec<SegmentInfo> {
-        journal_view(&self.sm).0
+        segments(&self.sm)
     }
 
     fn segment_bytes(&self) -> u64 {

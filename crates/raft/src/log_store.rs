@@ -206,14 +206,17 @@ impl LogReader {
             let inner = self.inner.lock().unwrap();
             let mut out = Vec::new();
             let mut bytes = 0usize;
-            for slot in inner.slots.iter() {
+            // Slots hold consecutive indexes: the range starts at a computed position.
+            let first = inner.slots.front().map_or(0, |s| s.log_id.index);
+            let start = match range.0 {
+                Bound::Included(i) => i,
+                Bound::Excluded(i) => i + 1,
+                Bound::Unbounded => first,
+            };
+            let skip = start.saturating_sub(first) as usize;
+            for slot in inner.slots.iter().skip(skip) {
                 if !range.contains(&slot.log_id.index) {
-                    if matches!(range.1, Bound::Excluded(e) if slot.log_id.index >= e)
-                        || matches!(range.1, Bound::Included(e) if slot.log_id.index > e)
-                    {
-                        break;
-                    }
-                    continue;
+                    break;
                 }
                 let cached = slot.cached.as_ref().map(|(e, _)| e.clone());
                 bytes += cached.as_ref().map_or(4096, entry_bytes);

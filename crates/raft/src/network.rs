@@ -16,7 +16,6 @@ use openraft::raft::{
 };
 use serde::{Deserialize, Serialize};
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -292,9 +291,4 @@ async fn answer(stream: TcpStream, raft: Raft, admin: Arc<crate::admin::Admin>) 
         };
         write_frame(&mut w, &resp).await?;
     }
-}
-
-/// The address a member's Raft port listens on.
-pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse().map_err(|e| format!("{s:?}: {e}"))
 }

@@ -28,7 +28,7 @@ pub struct ReplicatedStore {
     store_id: String,
     election_timeout_ms: u64,
     heartbeat_ms: u64,
-    _dir_lock: std::sync::Mutex<Box<dyn Send>>,
+    _dir_lock: Box<dyn Send + Sync>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -123,7 +123,7 @@ impl ReplicatedStore {
             store_id: format!("raft-{}", ha.cluster_name),
             election_timeout_ms: ha.election_timeout_ms,
             heartbeat_ms: ha.heartbeat_ms,
-            _dir_lock: std::sync::Mutex::new(dir_lock),
+            _dir_lock: dir_lock,
             tasks,
         })
     }

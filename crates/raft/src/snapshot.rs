@@ -117,17 +117,15 @@ impl SnapshotFiles {
     }
 
     /// Makes `path` the current snapshot unless the current one is newer.
-    fn replace_current(&self, path: &Path, meta: &SnapshotMeta) -> io::Result<bool> {
+    fn replace_current(&self, path: &Path, meta: &SnapshotMeta) -> io::Result<()> {
         let _guard = self.replace.lock().unwrap();
         if let Some(current) = self.current_meta()? {
             if current.last_log_id > meta.last_log_id {
-                std::fs::remove_file(path)?;
-                return Ok(false);
+                return std::fs::remove_file(path);
             }
         }
         std::fs::rename(path, self.current_path())?;
-        crate::files::sync_dir(&self.dir())?;
-        Ok(true)
+        crate::files::sync_dir(&self.dir())
     }
 }
 
@@ -228,24 +226,20 @@ impl Builder {
         let meta = self.meta.clone();
         let segments = std::mem::take(&mut self.segments);
         let links = self.links.clone();
-        let path = tokio::task::spawn_blocking(move || -> io::Result<PathBuf> {
+        tokio::task::spawn_blocking(move || {
             let result = write_snapshot(&shared, &meta, &segments, &links);
             let _ = std::fs::remove_dir_all(&links);
             result
         })
         .await
         .expect("the snapshot writer does not panic")?;
-        let _ = path;
         tracing::info!(snapshot = %self.meta.snapshot_id, "snapshot built");
-        let file = tokio::fs::File::open(self.shared.files.current_path()).await?;
-        Ok(Snapshot {
-            meta: self
-                .shared
-                .files
-                .current_meta()?
-                .unwrap_or_else(|| self.meta.clone()),
-            snapshot: Box::new(file),
-        })
+        // The current snapshot: this one, or a newer one installed meanwhile.
+        self.shared
+            .files
+            .current()
+            .await?
+            .ok_or_else(|| io::Error::other("no current snapshot after building one"))
     }
 }
 
@@ -254,7 +248,7 @@ fn write_snapshot(
     meta: &SnapshotMeta,
     segments: &[(Lsn, u64, PathBuf)],
     links: &Path,
-) -> io::Result<PathBuf> {
+) -> io::Result<()> {
     if segments.is_empty() {
         return Err(io::Error::other("no segments captured"));
     }
@@ -278,8 +272,7 @@ fn write_snapshot(
     }
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
-    shared.files.replace_current(&tmp, meta)?;
-    Ok(shared.files.current_path())
+    shared.files.replace_current(&tmp, meta)
 }
 
 /// Writes the segments of the snapshot file at `path` into the directory `new` (created

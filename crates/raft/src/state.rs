@@ -13,9 +13,9 @@
 
 use crate::snapshot::{self, SnapshotFiles};
 use crate::types::{
-    Applied, Command, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+    Command, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
-use haven_journal::{Journal, JournalConfig, JournalFailure, Lsn, SegmentInfo};
+use haven_journal::{Journal, JournalConfig, Lsn, SegmentInfo};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 use std::path::Path;
@@ -120,7 +120,7 @@ impl Inner {
             .expect("the state journal is open except during an install")
     }
 
-    fn apply_one(&mut self, entry: &Entry) -> Result<Applied, StorageError> {
+    fn apply_one(&mut self, entry: &Entry) -> Result<(), StorageError> {
         match &entry.payload {
             EntryPayload::Blank => {}
             EntryPayload::Membership(m) => {
@@ -164,9 +164,7 @@ impl Inner {
             }
         }
         self.last_applied = Some(entry.log_id);
-        Ok(Applied {
-            last_lsn: self.journal().next_lsn() - 1,
-        })
+        Ok(())
     }
 }
 
@@ -178,7 +176,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((inner.last_applied, inner.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
@@ -257,9 +255,7 @@ impl RaftSnapshotBuilder<TypeConfig> for snapshot::Builder {
     }
 }
 
-/// The state journal's segments and durable LSN, for the leader's core.
-pub(crate) fn journal_view(shared: &Shared) -> (Vec<SegmentInfo>, Result<Lsn, JournalFailure>) {
-    let mut inner = shared.inner.lock().unwrap();
-    let j = inner.journal();
-    (j.segments(), j.durable_lsn())
+/// The state journal's segments, for the leader's core.
+pub(crate) fn segments(shared: &Shared) -> Vec<SegmentInfo> {
+    shared.inner.lock().unwrap().journal().segments()
 }

@@ -11,7 +11,7 @@ openraft::declare_raft_types!(
     /// Haven's Raft: entries carry the broker's journal records.
     pub TypeConfig:
         D = Command,
-        R = Applied,
+        R = (),
         NodeId = NodeId,
         Node = Member,
         SnapshotData = tokio::fs::File,
@@ -49,13 +49,6 @@ pub enum Command {
     /// Delete the sealed journal segments wholly below this LSN: the leader's engine has no
     /// live record there (a journal checkpoint, replicated before this, keeps the numbering).
     Release { before_lsn: u64 },
-}
-
-/// What applying an entry returned (only the leader's own proposals read it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Applied {
-    /// The last LSN now in the state journal.
-    pub last_lsn: u64,
 }
 
 /// Journal records packed back to back, each as a little-endian `u32` length then the payload.

@@ -23,7 +23,7 @@ pub use loader::JournalLoader;
 
 /// Takes the data directory's lock without waiting, for a mode that runs its own store in it
 /// (replication): one broker process per data directory. Held while the value lives.
-pub fn lock_data_dir(dir: &std::path::Path) -> Result<Box<dyn Send>, ServerError> {
+pub fn lock_data_dir(dir: &std::path::Path) -> Result<Box<dyn Send + Sync>, ServerError> {
     std::fs::create_dir_all(dir).map_err(|e| ServerError::DataDir {
         dir: dir.to_path_buf(),
         reason: e.to_string(),

@@ -1,6 +1,6 @@
 //! A master/slave group of broker processes sharing one store: which of them serves, waiting
 //! for a (new) master, and their logs for failure messages. Include with
-//! `#[path = "support/group.rs"] mod group;`.
+//! `#[path = "support/group.rs"] mod group;`, beside `support/traffic.rs` as `mod traffic`.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
@@ -110,4 +110,34 @@ pub fn rejoin_both_then_kill_the_third(b: &mut [BrokerProcess], first: usize, se
     b[third].kill9().expect("kill -9 third master");
     let fourth = wait_master(b);
     assert!(fourth == first || fourth == second);
+}
+
+/// Runs failover traffic (receipted producers, two pipelined ones, one consumer) while the
+/// serving broker is killed `kills` times, each after a random interval from `kill_after_ms`
+/// (seeded by `seed`); each killed broker is started again and rejoins. Returns the
+/// exactly-once report and the brokers.
+pub async fn kill_masters_under_load(
+    brokers: Vec<BrokerProcess>,
+    queue: &'static str,
+    kills: usize,
+    kill_after_ms: std::ops::Range<u64>,
+    seed: u64,
+) -> (haven_testkit::Report, Vec<BrokerProcess>) {
+    use crate::traffic::{blocking, quick_failover, url_of, Traffic};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = std::sync::Arc::new(tokio::sync::Mutex::new(brokers));
+    let t = Traffic::start(&uri, queue).await;
+    let pipelined = t.spawn_pipelined(queue, 2);
+    for _ in 0..kills {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(kill_after_ms.clone()))).await;
+        let brokers = brokers.clone();
+        blocking(move || kill_master_and_rejoin(&mut brokers.blocking_lock())).await;
+    }
+    let report = t.finish_exactly_once(pipelined).await;
+    let brokers = std::sync::Arc::try_unwrap(brokers)
+        .unwrap_or_else(|_| panic!("the kill tasks have finished"))
+        .into_inner();
+    (report, brokers)
 }

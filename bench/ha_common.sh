@@ -1,0 +1,31 @@
+# Shared by bench/shared_fs.sh, bench/shared_db.sh and bench/replicated.sh: scenario (c) of
+# BENCHMARKS.md (4 producers / 4 consumers, 1 KiB persistent, RECEIPT every 100) against a
+# standalone broker and an HA group, same machine, same run, alternating. Source it with the
+# script's arguments ([REPS] [COUNT]). A script that starts more than brokers defines
+# `cleanup_extra` to stop it; brokers whose pids are in PIDS are stopped on exit.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPS="${1:-3}"
+COUNT="${2:-300000}"
+BIN="$PWD/target/release/haven"
+cargo build --release -q -p haven-cli
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    if declare -F cleanup_extra >/dev/null; then cleanup_extra; fi
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+wait_port() { for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+# Scenario (c) against 127.0.0.1:PORT; prints one JSON line.
+bench() { "$BIN" bench --url "127.0.0.1:$1" --producers 4 --consumers 4 --size 1024 --receipt-every 100 --count "$COUNT" --json 2>/dev/null | tail -1; }
+# Scenario (c) on a fresh standalone broker, printed as rep $1.
+bench_standalone() {
+    rm -rf "$WORK/standalone"
+    "$BIN" run --data "$WORK/standalone" --stomp 127.0.0.1:17101 2>"$WORK/s.log" & PIDS+=($!)
+    wait_port 17101
+    echo "rep $1 standalone $(bench 17101)"
+    kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+}
