@@ -216,20 +216,11 @@ async fn a_frozen_leader_acknowledges_nothing_after_another_member_leads() {
     let log = std::fs::read_to_string(brokers[old].log_path()).unwrap();
     assert!(log.contains("leadership lost"), "{log}");
     // Everything receipted is on the new leader, once, and the refused SEND is not.
-    let mut got = Vec::new();
-    let mut sub = c2
-        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
-        .await
-        .expect("subscribe");
-    while got.len() < STORED + 1 {
-        let m = tokio::time::timeout(Duration::from_secs(10), sub.next())
-            .await
-            .expect("a message")
-            .expect("message");
-        got.push(String::from_utf8_lossy(&m.body).into_owned());
-    }
-    let extra = tokio::time::timeout(Duration::from_millis(500), sub.next()).await;
-    assert!(extra.is_err(), "an unreceipted SEND was stored");
+    let (mut sub, got) = receive_bodies(&c2, QUEUE, STORED + 1).await;
+    assert!(
+        nothing_more(&mut sub).await,
+        "an unreceipted SEND was stored"
+    );
     let mut want: Vec<String> = (0..STORED).map(|i| format!("before-{i}")).collect();
     want.push("on-the-new-leader".into());
     assert_eq!(got, want);

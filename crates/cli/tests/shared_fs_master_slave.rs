@@ -187,24 +187,11 @@ async fn a_master_that_finds_a_newer_epoch_stops_without_writing_and_a_slave_tak
     let c = Connection::connect(&brokers[b1].addr().to_string(), ConnectOptions::default())
         .await
         .expect("connect to the new master");
-    let mut sub = c
-        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    while got.len() < STORED {
-        let msg = tokio::time::timeout(Duration::from_secs(10), sub.next())
-            .await
-            .expect("stored message delivered")
-            .expect("subscription open");
-        got.push(String::from_utf8_lossy(&msg.body).into_owned());
-    }
+    let (mut sub, got) = receive_bodies(&c, QUEUE, STORED).await;
     let want: Vec<String> = (0..STORED).map(|i| format!("before-{i}")).collect();
     assert_eq!(got, want);
     assert!(
-        tokio::time::timeout(Duration::from_millis(500), sub.next())
-            .await
-            .is_err(),
+        nothing_more(&mut sub).await,
         "a message the fenced master refused was stored"
     );
     c.disconnect().await.unwrap();
@@ -277,15 +264,8 @@ async fn a_standalone_broker_can_take_over_a_directory_a_group_used() {
     let c = Connection::connect(&standalone.addr().to_string(), ConnectOptions::default())
         .await
         .unwrap();
-    let mut sub = c
-        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
-        .await
-        .unwrap();
-    let msg = tokio::time::timeout(Duration::from_secs(10), sub.next())
-        .await
-        .expect("delivered")
-        .expect("open");
-    assert_eq!(&msg.body[..], b"kept");
+    let (_, got) = receive_bodies(&c, QUEUE, 1).await;
+    assert_eq!(got, ["kept"]);
     c.disconnect().await.unwrap();
     standalone.stop().expect("stops");
 }
@@ -319,15 +299,8 @@ async fn slaves_that_poll_the_lock_log_the_master_and_take_over() {
     let c = Connection::connect(&brokers[1].addr().to_string(), ConnectOptions::default())
         .await
         .unwrap();
-    let mut sub = c
-        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
-        .await
-        .unwrap();
-    let msg = tokio::time::timeout(Duration::from_secs(10), sub.next())
-        .await
-        .expect("delivered")
-        .expect("open");
-    assert_eq!(&msg.body[..], b"one");
+    let (_, got) = receive_bodies(&c, QUEUE, 1).await;
+    assert_eq!(got, ["one"]);
     c.disconnect().await.unwrap();
     brokers[1].stop().unwrap();
 }

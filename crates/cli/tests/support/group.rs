@@ -141,3 +141,37 @@ pub async fn kill_masters_under_load(
         .into_inner();
     (report, brokers)
 }
+
+/// Bound on each stored message reaching a new subscriber.
+pub const DELIVERY_WAIT_MS: u64 = 10_000;
+/// How long a subscriber waits to be sure no further message comes.
+pub const QUIET_MS: u64 = 500;
+
+/// Subscribes to `queue` (auto ack) on `conn` and receives `n` messages; returns their bodies
+/// and the subscription.
+pub async fn receive_bodies(
+    conn: &haven_client::Connection,
+    queue: &str,
+    n: usize,
+) -> (haven_client::Subscription, Vec<String>) {
+    let mut sub = conn
+        .subscribe(queue, haven_client::AckMode::Auto, &[])
+        .await
+        .expect("subscribe");
+    let mut got = Vec::new();
+    while got.len() < n {
+        let msg = tokio::time::timeout(Duration::from_millis(DELIVERY_WAIT_MS), sub.next())
+            .await
+            .expect("stored message delivered")
+            .expect("subscription open");
+        got.push(String::from_utf8_lossy(&msg.body).into_owned());
+    }
+    (sub, got)
+}
+
+/// Whether nothing more arrives on `sub` for `QUIET_MS`.
+pub async fn nothing_more(sub: &mut haven_client::Subscription) -> bool {
+    tokio::time::timeout(Duration::from_millis(QUIET_MS), sub.next())
+        .await
+        .is_err()
+}
