@@ -115,7 +115,7 @@ async fn replicated_failover_time_kill9_to_first_receipt() {
                 dir.path().join(format!("r{id}")),
                 *stomp,
             );
-            // Default timings (heartbeat 50 ms, election timeout 150 ms: a follower stands after 450-600 ms).
+            // Default timings (heartbeat 50 ms, election timeout 100 ms: a follower stands after 300-400 ms).
             opts.config_toml = Some(format!(
                 "[ha]\nmode = \"replicated\"\nnode_id = {id}\n{list}"
             ));

@@ -172,7 +172,9 @@ impl ReplicatedStore {
                 self.raft.clone(),
                 term,
                 lost.clone(),
-                2 * self.election_timeout_ms,
+                // The soonest followers stand: openraft's lease (the maximum timeout) plus
+                // the minimum election timeout.
+                3 * self.election_timeout_ms,
                 self.heartbeat_ms,
             ));
             tracing::info!(id = self.id, term, "leader: serving clients");

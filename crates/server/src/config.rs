@@ -207,8 +207,8 @@ pub struct HaConfig {
     pub heartbeat_ms: u64,
     /// replicated: a follower that hears no leader for twice this plus a random time between
     /// this and twice this (openraft's leader lease, then its election timeout) stands for
-    /// election. A leader that has not heard from a majority for twice this
-    /// stops serving.
+    /// election. A leader that has not heard from a majority for three times this (the
+    /// soonest another could be elected) stops serving.
     pub election_timeout_ms: u64,
     /// replicated: a snapshot is taken (and the Raft log before it purged) every this many
     /// entries.
@@ -260,7 +260,7 @@ impl Default for HaConfig {
             members: Vec::new(),
             cluster_name: "haven".to_string(),
             heartbeat_ms: 50,
-            election_timeout_ms: 150,
+            election_timeout_ms: 100,
             snapshot_entries: 20_000,
             catchup_bytes_per_sec: 64 << 20,
         }
@@ -466,11 +466,13 @@ impl Config {
             if ids.len() != h.members.len() {
                 return invalid("ha.members", "two members have the same id".into());
             }
-            if h.heartbeat_ms == 0 || h.election_timeout_ms < 3 * h.heartbeat_ms {
+            // A follower waits 3 to 4 election timeouts (openraft's leader lease, then its
+            // election timeout) before it stands: at least 6 heartbeats.
+            if h.heartbeat_ms == 0 || h.election_timeout_ms < 2 * h.heartbeat_ms {
                 return invalid(
                     "ha.election_timeout_ms",
                     format!(
-                        "{} must be at least three heartbeats ({} ms each), and heartbeat_ms above 0",
+                        "{} must be at least two heartbeats ({} ms each), and heartbeat_ms above 0",
                         h.election_timeout_ms, h.heartbeat_ms
                     ),
                 );
