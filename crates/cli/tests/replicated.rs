@@ -10,6 +10,8 @@
 //!    same records at the same LSNs as the leader's.
 //! 4. Membership changes under load: a fourth member is added (it catches up as a learner, then
 //!    votes), then the leader itself is removed; exactly once holds throughout.
+//! 5. A rolling restart under load: each member in turn (the leader too) is stopped gracefully,
+//!    started again and caught up; exactly once holds.
 //!
 //! Kill intervals are random but seeded (printed; HAVEN_RAFT_SEED replays them).
 
@@ -386,4 +388,52 @@ async fn members_added_and_the_leader_removed_under_load_exactly_once() {
     eprintln!("replicated, member added and leader removed: {report}");
     assert!(report.is_ok(), "{report}\n{}", logs(&brokers));
     stop_all(&mut brokers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_restart_of_every_member_under_load_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    let brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = members.clone();
+        move || start_cluster(&dir, &members, "")
+    })
+    .await;
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let t = Traffic::start(&uri, QUEUE).await;
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    let receipts = t.receipts.clone();
+    // One member at a time, the leader among them: stop it gracefully, start it again, and
+    // wait until it has caught up before the next, as an operator upgrading the group would.
+    for i in 0..members.len() {
+        wait_progress(
+            &receipts,
+            receipts.load(std::sync::atomic::Ordering::Relaxed),
+            20,
+        )
+        .await;
+        let b = brokers.clone();
+        let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
+        blocking(move || {
+            let mut b = b.blocking_lock();
+            let status = b[i].stop().expect("member stops");
+            assert!(
+                status.success(),
+                "member {i} did not stop cleanly: {status}"
+            );
+            let leader = wait_master(&mut b);
+            b[i].respawn().expect("member starts again");
+            wait_caught_up(rafts[i], rafts[leader]);
+        })
+        .await;
+    }
+    let report = t.finish_exactly_once(pipelined).await;
+    eprintln!("replicated, rolling restart: {report}");
+    let mut b = brokers.lock().await;
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "{report}\n{}", logs(&b));
+    stop_all(&mut b);
 }
