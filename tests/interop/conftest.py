@@ -215,8 +215,13 @@ class Client:
         return self.col.get(timeout)
 
     def close(self):
+        """DISCONNECT and wait for its RECEIPT: the broker sends it only after the connection
+        is closed (its client-id free again), so a test may reconnect with the same id at once.
+        stomp.py's own disconnect() returns before that RECEIPT arrives."""
         if self.conn.is_connected():
-            self.conn.disconnect()
+            rid = self._rid()
+            self.conn.disconnect(receipt=rid)
+            self.col.wait_receipt(rid)
 
 
 @pytest.fixture
