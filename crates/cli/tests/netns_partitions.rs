@@ -41,17 +41,6 @@ const DOWN_MS: u64 = 200;
 const REACH_MS: u64 = 2_000;
 const UNREACH_MS: u64 = 400;
 
-/// The lab, or `None` after printing why this machine cannot run these tests.
-fn lab_or_skip(test: &str) -> Option<NetLab> {
-    if let Some(reason) = NetLab::skip_reason() {
-        eprintln!("SKIPPED: {test}: {reason}");
-        return None;
-    }
-    let lab = NetLab::new().expect("network lab");
-    eprintln!("{test}: lab {} ({:?})", lab.prefix(), lab.firewall());
-    Some(lab)
-}
-
 /// `n` standalone brokers, one per new host of `lab`, with fast heart-beats.
 fn start_brokers(lab: &mut NetLab, dir: &std::path::Path, n: usize) -> Vec<BrokerProcess> {
     (0..n)
@@ -282,7 +271,7 @@ fn interruptions(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_broker_is_left_by_heartbeats_then_a_kill9_loses_nothing() {
     let Some(mut lab) =
-        lab_or_skip("a_partitioned_broker_is_left_by_heartbeats_then_a_kill9_loses_nothing")
+        NetLab::for_test("a_partitioned_broker_is_left_by_heartbeats_then_a_kill9_loses_nothing")
     else {
         return;
     };
@@ -353,7 +342,7 @@ async fn a_partitioned_broker_is_left_by_heartbeats_then_a_kill9_loses_nothing()
 /// any interruption, since which comes first is TCP's business). Nothing receipted is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_way_cuts_either_way_lose_nothing() {
-    let Some(mut lab) = lab_or_skip("one_way_cuts_either_way_lose_nothing") else {
+    let Some(mut lab) = NetLab::for_test("one_way_cuts_either_way_lose_nothing") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -422,7 +411,8 @@ async fn one_way_cuts_either_way_lose_nothing() {
 /// leaves no namespace with its prefix and no link in the tester's namespace.
 #[test]
 fn a_lab_cuts_what_it_names_and_leaves_nothing_behind() {
-    let Some(mut lab) = lab_or_skip("a_lab_cuts_what_it_names_and_leaves_nothing_behind") else {
+    let Some(mut lab) = NetLab::for_test("a_lab_cuts_what_it_names_and_leaves_nothing_behind")
+    else {
         return;
     };
     let (a, b) = (

@@ -12,6 +12,10 @@
 //!    votes), then the leader itself is removed; exactly once holds throughout.
 //! 5. A rolling restart under load: each member in turn (the leader too) is stopped gracefully,
 //!    started again and caught up; exactly once holds.
+//! 6. Five members, each in its own network namespace: the leader and one follower are cut off
+//!    from the other three by the kernel's firewall. The minority accepts nothing (a SEND to
+//!    the cut-off leader is never receipted, and it stops serving); the majority elects a
+//!    leader and goes on; once healed, every member holds the majority's records, LSN by LSN.
 //!
 //! Kill intervals are random but seeded (printed; HAVEN_RAFT_SEED replays them).
 
@@ -26,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use group::*;
 use haven_client::{ConnectOptions, Connection};
-use haven_testkit::{free_addr, BrokerOpts, BrokerProcess};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, NetLab, Peer};
 use tokio::sync::Mutex;
 use traffic::*;
 
@@ -436,4 +440,169 @@ async fn a_rolling_restart_of_every_member_under_load_exactly_once() {
     assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
     assert!(report.is_ok(), "{report}\n{}", logs(&b));
     stop_all(&mut b);
+}
+
+/// Whether member `i` answers CONNECT right now.
+fn serves(b: &BrokerProcess) -> bool {
+    matches!(
+        haven_testkit::stomp_connect_probe(b.addr(), Duration::from_millis(PROBE_TIMEOUT_MS)),
+        Ok(c) if c == "CONNECTED"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_on() {
+    const MEMBERS: usize = 5;
+    const STORED: usize = 20;
+    const RAFT_PORT: u16 = 61700;
+    // Declared first, dropped last: the brokers leave its namespaces before they go.
+    let Some(mut lab) = NetLab::for_test(
+        "a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_on",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hosts: Vec<_> = (0..MEMBERS)
+        .map(|_| lab.add_host().expect("lab host"))
+        .collect();
+    let members: Vec<Spec> = hosts
+        .iter()
+        .zip(1..)
+        .map(|(&h, id)| Spec {
+            id,
+            raft: SocketAddr::from((lab.addr(Peer::Host(h)), RAFT_PORT)),
+            stomp: lab.stomp_addr(h),
+        })
+        .collect();
+    let mut brokers: Vec<BrokerProcess> = hosts
+        .iter()
+        .zip(&members)
+        .map(|(&h, m)| {
+            let mut o = lab.broker_opts(
+                h,
+                env!("CARGO_BIN_EXE_haven"),
+                dir.path().join(format!("r{}", m.id)),
+            );
+            o.config_toml = Some(config(m.id, &members, ""));
+            BrokerProcess::spawn(o).expect("member starts in its namespace")
+        })
+        .collect();
+    let old = wait_master_async(&mut brokers).await;
+    let conn = Connection::connect(&brokers[old].addr().to_string(), ConnectOptions::default())
+        .await
+        .expect("connect to the leader");
+    for i in 0..STORED {
+        conn.send_receipted(QUEUE, &[], format!("before-{i}"))
+            .await
+            .expect("stored");
+    }
+    // The leader and the next member on one side, the other three on the other. The tester
+    // still reaches everyone.
+    let minority = [old, (old + 1) % MEMBERS];
+    let majority: Vec<usize> = (0..MEMBERS).filter(|i| !minority.contains(i)).collect();
+    tokio::task::block_in_place(|| {
+        for &a in &minority {
+            for &b in &majority {
+                lab.partition(Peer::Host(hosts[a]), Peer::Host(hosts[b]))
+                    .expect("cut");
+            }
+        }
+    });
+    // A SEND to the cut-off leader, while it still believes it leads: it cannot reach a quorum.
+    let minority_send = {
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                conn.send_receipted(QUEUE, &[], "on-the-minority"),
+            )
+            .await
+        })
+    };
+    // The majority elects one of its own.
+    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
+    let new = loop {
+        let serving = tokio::task::block_in_place(|| {
+            majority
+                .iter()
+                .copied()
+                .filter(|&i| serves(&brokers[i]))
+                .collect::<Vec<_>>()
+        });
+        assert!(
+            serving.len() <= 1,
+            "two majority members serve: {serving:?}"
+        );
+        if let [n] = serving[..] {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the majority elected no leader:\n{}",
+            logs(&brokers)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let c2 = Connection::connect(&brokers[new].addr().to_string(), ConnectOptions::default())
+        .await
+        .expect("connect to the majority's leader");
+    for i in 0..STORED {
+        c2.send_receipted(QUEUE, &[], format!("majority-{i}"))
+            .await
+            .expect("stored by the majority");
+    }
+    let refused = minority_send.await.expect("send task");
+    assert!(
+        !matches!(refused, Ok(Ok(()))),
+        "the cut-off leader receipted a SEND:\n{}",
+        logs(&brokers)
+    );
+    // The minority steps down and serves no one while cut off.
+    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
+    while tokio::task::block_in_place(|| minority.iter().any(|&i| serves(&brokers[i]))) {
+        assert!(
+            Instant::now() < deadline,
+            "the minority still serves:\n{}",
+            logs(&brokers)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(brokers[old].log_path()).unwrap();
+    assert!(log.contains("leadership lost"), "{log}");
+    // Healed, the old leader's uncommitted entry gives way to the majority's log.
+    tokio::task::block_in_place(|| lab.heal()).expect("heal");
+    let leader_raft = members[new].raft;
+    for m in &members {
+        let raft = m.raft;
+        blocking(move || wait_caught_up(raft, leader_raft)).await;
+    }
+    let (mut sub, got) = receive_bodies(&c2, QUEUE, 2 * STORED).await;
+    assert!(
+        nothing_more(&mut sub).await,
+        "a SEND nobody receipted was stored"
+    );
+    let want: Vec<String> = (0..STORED)
+        .map(|i| format!("before-{i}"))
+        .chain((0..STORED).map(|i| format!("majority-{i}")))
+        .collect();
+    assert_eq!(got, want);
+    drop(sub);
+    // Every member, the two that were cut off too, holds the same records at the same LSNs.
+    let leader_raft = members[wait_master_async(&mut brokers).await].raft;
+    for m in &members {
+        let raft = m.raft;
+        blocking(move || wait_caught_up(raft, leader_raft)).await;
+    }
+    stop_all(&mut brokers);
+    let reference = state_records(brokers[new].data_dir());
+    for &i in &minority {
+        let theirs = state_records(brokers[i].data_dir());
+        assert!(
+            theirs == reference,
+            "member {} (cut off) holds different records: {} against {}",
+            members[i].id,
+            theirs.len(),
+            reference.len()
+        );
+    }
 }

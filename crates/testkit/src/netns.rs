@@ -186,6 +186,18 @@ impl NetLab {
         Some(reason)
     }
 
+    /// A lab for test `test`, or `None` after printing `SKIPPED: <test>: <reason>` where labs
+    /// cannot be made (and panicking where they must: see [`NetLab::skip_reason`]).
+    pub fn for_test(test: &str) -> Option<NetLab> {
+        if let Some(reason) = NetLab::skip_reason() {
+            eprintln!("SKIPPED: {test}: {reason}");
+            return None;
+        }
+        let lab = NetLab::new().expect("network lab");
+        eprintln!("{test}: lab {} ({:?})", lab.prefix(), lab.firewall());
+        Some(lab)
+    }
+
     /// A lab with no hosts yet. Its firewall is the one named by `HAVEN_NETLAB_FIREWALL`
     /// (`nft` or `iptables`, so CI can exercise both), else nft if present, else iptables.
     pub fn new() -> Result<NetLab, TestkitError> {
