@@ -1,5 +1,5 @@
-//! `haven admin cluster ...`: a replicated group's status and online membership changes,
-//! through any member's Raft port (changes are forwarded to the leader).
+//! `haven admin cluster ...`: a replicated group's status, online membership changes and
+//! leadership transfer, through any member's Raft port (changes are forwarded to the leader).
 
 use clap::{Args, Subcommand};
 use haven_raft::{AdminRequest, Member};
@@ -44,6 +44,13 @@ enum Op {
         #[arg(long)]
         id: u64,
     },
+    /// Move leadership to another voter, e.g. before stopping the leader for maintenance.
+    /// Clients fail over to the new leader; nothing is lost or duplicated.
+    TransferLeader {
+        /// The member to lead; by default the voter holding most of the log.
+        #[arg(long)]
+        to: Option<u64>,
+    },
 }
 
 pub async fn run(args: AdminArgs) -> Result<(), String> {
@@ -69,6 +76,13 @@ pub async fn run(args: AdminArgs) -> Result<(), String> {
                 stomp: member_stomp.to_string(),
             };
             let done = haven_raft::client::change(&raft, AdminRequest::Add { id, member })
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{done}");
+            Ok(())
+        }
+        Op::TransferLeader { to } => {
+            let done = haven_raft::client::change(&raft, AdminRequest::TransferLeader { to })
                 .await
                 .map_err(|e| e.to_string())?;
             println!("{done}");

@@ -12,7 +12,10 @@
 //!    votes), then the leader itself is removed; exactly once holds throughout.
 //! 5. A rolling restart under load: each member in turn (the leader too) is stopped gracefully,
 //!    started again and caught up; exactly once holds.
-//! 6. Five members, each in its own network namespace: the leader and one follower are cut off
+//! 6. Leadership is transferred under load, to a named member and then to whichever holds most
+//!    of the log; each time that member leads, the old leader stops serving, and exactly once
+//!    holds. A transfer to the leader itself or to a non-member is refused.
+//! 7. Five members, each in its own network namespace: the leader and one follower are cut off
 //!    from the other three by the kernel's firewall. The minority accepts nothing (a SEND to
 //!    the cut-off leader is never receipted, and it stops serving); the majority elects a
 //!    leader and goes on; once healed, every member holds the majority's records, LSN by LSN.
@@ -605,4 +608,61 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
             reference.len()
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leadership_transferred_under_load_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    let mut brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = members.clone();
+        move || start_cluster(&dir, &members, "")
+    })
+    .await;
+    let any = members[0].raft.to_string();
+    let leader = wait_master_async(&mut brokers).await;
+    for (bad, why) in [(members[leader].id, "already leads"), (9, "not a voter")] {
+        let refused = haven_raft::client::change(
+            &any,
+            haven_raft::AdminRequest::TransferLeader { to: Some(bad) },
+        )
+        .await
+        .expect_err("refused");
+        assert!(refused.to_string().contains(why), "{refused}");
+    }
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let t = Traffic::start(&uri, QUEUE).await;
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    let receipts = t.receipts.clone();
+    let named = members[(leader + 1) % 3].id;
+    for to in [Some(named), None] {
+        wait_progress(
+            &receipts,
+            receipts.load(std::sync::atomic::Ordering::Relaxed),
+            50,
+        )
+        .await;
+        let before = wait_master_async(&mut brokers).await;
+        let done =
+            haven_raft::client::change(&any, haven_raft::AdminRequest::TransferLeader { to })
+                .await
+                .unwrap_or_else(|e| panic!("transfer to {to:?}: {e}\n{}", logs(&brokers)));
+        eprintln!("{done}");
+        let after = wait_master_async(&mut brokers).await;
+        assert_ne!(after, before, "{done}");
+        if let Some(id) = to {
+            assert_eq!(members[after].id, id, "{done}");
+        }
+        assert!(
+            done.contains(&format!("member {} leads", members[after].id)),
+            "{done}"
+        );
+    }
+    let report = t.finish_exactly_once(pipelined).await;
+    eprintln!("replicated, two leadership transfers: {report}");
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "{report}\n{}", logs(&brokers));
+    stop_all(&mut brokers);
 }

@@ -1,6 +1,7 @@
 //! Admin requests on the Raft port: status, and membership changes made online
-//! (`haven admin cluster status|add|remove`).
+//! (`haven admin cluster status|add|remove|transfer-leader`).
 
+use crate::handover::{Handover, Timing};
 use crate::types::{Member, NodeId, Raft};
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,16 @@ pub enum AdminRequest {
     /// is committed.
     Remove {
         id: NodeId,
+    },
+    /// Moves leadership to member `to` (or to the voter holding most of the log), for
+    /// maintenance of the current leader. See `handover.rs`.
+    TransferLeader {
+        to: Option<NodeId>,
+    },
+    /// Sent by a leader handing over to the member it hands over to: stand for election now,
+    /// if still in `term`.
+    Elect {
+        term: u64,
     },
 }
 
@@ -51,6 +62,8 @@ pub enum AdminResponse {
 
 pub struct Admin {
     pub raft: Raft,
+    pub(crate) handover: std::sync::Arc<Handover>,
+    pub(crate) timing: Timing,
 }
 
 impl Admin {
@@ -126,6 +139,25 @@ impl Admin {
                         r.log_id
                     )),
                     Err(e) => AdminResponse::Failed(format!("making {id} a voter: {e}")),
+                }
+            }
+            AdminRequest::TransferLeader { to } => {
+                if let Some(r) = self.not_leader() {
+                    return r;
+                }
+                crate::handover::transfer(&self.raft, &self.handover, to, self.timing).await
+            }
+            AdminRequest::Elect { term } => {
+                let now = self.raft.metrics().borrow().current_term;
+                if now != term {
+                    return AdminResponse::Failed(format!(
+                        "asked to stand in term {term}, but this member is in term {now}"
+                    ));
+                }
+                tracing::info!(term, "standing for election: the leader hands over");
+                match self.raft.trigger().elect().await {
+                    Ok(()) => AdminResponse::Done(format!("standing after term {term}")),
+                    Err(e) => AdminResponse::Failed(format!("cannot stand: {e}")),
                 }
             }
             AdminRequest::Remove { id } => {

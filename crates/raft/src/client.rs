@@ -32,7 +32,17 @@ pub async fn status(addr: &str) -> io::Result<Status> {
     }
 }
 
-/// Sends a membership change to `addr`, following the answer to the leader.
+/// Tells member `addr` to stand for election now if it is still in `term` (a leader handing
+/// over to it). Not redirected: it is meant for that member.
+pub async fn elect(addr: &str, term: u64) -> io::Result<()> {
+    match call(addr, AdminRequest::Elect { term }, STATUS_TIMEOUT_MS).await? {
+        AdminResponse::Done(_) => Ok(()),
+        AdminResponse::Failed(s) => Err(io::Error::other(s)),
+        other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Sends a membership change (or a leadership transfer) to `addr`, following the answer to the leader.
 pub async fn change(addr: &str, req: AdminRequest) -> io::Result<String> {
     let mut addr = addr.to_string();
     for _ in 0..=REDIRECTS_MAX {

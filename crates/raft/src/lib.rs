@@ -9,6 +9,7 @@
 //! - `snapshot`: snapshots as files of journal segments, streamed to members that fell behind.
 //! - `leader`: the log the broker's core writes to while this member leads.
 //! - `network`, `admin`, `client`: the Raft port, for peers and for `haven admin cluster`.
+//! - `handover`: moving leadership to a chosen member (`transfer-leader`).
 //! - `node`: one replica, as a `SharedStore`, so `haven_server::run_shared` serves while it leads.
 
 // openraft's `StorageError` is large; it is what its traits return, so it is returned as is.
@@ -17,6 +18,7 @@
 pub mod admin;
 pub mod client;
 mod files;
+mod handover;
 mod leader;
 mod log_store;
 pub mod network;

@@ -2,6 +2,7 @@
 //! serve while this member leads.
 
 use crate::admin::Admin;
+use crate::handover::{Handover, Timing};
 use crate::leader::{LeaderStore, Lost};
 use crate::log_store::LogStore;
 use crate::network::NetworkFactory;
@@ -28,6 +29,7 @@ pub struct ReplicatedStore {
     store_id: String,
     election_timeout_ms: u64,
     heartbeat_ms: u64,
+    handover: Arc<Handover>,
     _dir_lock: Box<dyn Send + Sync>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -84,7 +86,14 @@ impl ReplicatedStore {
                 addr: me.raft,
                 source,
             })?;
-        let admin = Arc::new(Admin { raft: raft.clone() });
+        let handover = Arc::new(Handover::default());
+        let admin = Arc::new(Admin {
+            raft: raft.clone(),
+            handover: handover.clone(),
+            timing: Timing {
+                election_timeout_ms: ha.election_timeout_ms,
+            },
+        });
         let mut tasks = vec![tokio::spawn(crate::network::serve(
             listener,
             raft.clone(),
@@ -123,6 +132,7 @@ impl ReplicatedStore {
             store_id: format!("raft-{}", ha.cluster_name),
             election_timeout_ms: ha.election_timeout_ms,
             heartbeat_ms: ha.heartbeat_ms,
+            handover,
             _dir_lock: dir_lock,
             tasks,
         })
@@ -159,6 +169,11 @@ impl ReplicatedStore {
     async fn acquire_inner(&self) -> Result<Mastership, ServerError> {
         loop {
             let term = self.wait_leader().await;
+            if self.handover.surrendered(term) {
+                // Handing this term's leadership over: serve again only if that fails.
+                tokio::time::sleep(Duration::from_millis(self.heartbeat_ms)).await;
+                continue;
+            }
             // Leadership is confirmed by a majority and the state machine has applied every
             // entry committed before this term's first: the state journal is complete.
             if let Err(e) = self.raft.ensure_linearizable().await {
@@ -177,6 +192,7 @@ impl ReplicatedStore {
                 3 * self.election_timeout_ms,
                 self.heartbeat_ms,
             ));
+            self.handover.serving(term, lost.clone());
             tracing::info!(id = self.id, term, "leader: serving clients");
             return Ok(Mastership {
                 epoch: term,
@@ -193,6 +209,7 @@ impl ReplicatedStore {
                 hold: Box::new(Hold {
                     watcher,
                     sm: self.sm.clone(),
+                    handover: self.handover.clone(),
                 }),
             });
         }
@@ -203,11 +220,13 @@ impl ReplicatedStore {
 struct Hold {
     watcher: tokio::task::JoinHandle<()>,
     sm: StateMachine,
+    handover: Arc<Handover>,
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
         self.watcher.abort();
+        self.handover.stopped_serving();
         self.sm.shared.inner.lock().unwrap().tap = None;
     }
 }
