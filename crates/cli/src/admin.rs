@@ -71,10 +71,7 @@ pub async fn run(args: AdminArgs) -> Result<(), String> {
             member_raft,
             member_stomp,
         } => {
-            let member = Member {
-                raft: member_raft.to_string(),
-                stomp: member_stomp.to_string(),
-            };
+            let member = Member::data(member_raft.to_string(), member_stomp.to_string());
             let done = haven_raft::client::change(&raft, AdminRequest::Add { id, member })
                 .await
                 .map_err(|e| e.to_string())?;

@@ -216,13 +216,15 @@ async fn run_replicated(mut cfg: Config) -> ExitCode {
         eprintln!("haven: {e}");
         return ExitCode::from(2);
     }
-    // The leader announces the members to failover clients unless [cluster] says otherwise.
+    // The leader announces the data members to failover clients unless [cluster] says
+    // otherwise (a witness serves no clients).
     if cfg.cluster.members.is_empty() {
         cfg.cluster.members = cfg
             .ha
             .members
             .iter()
-            .map(|m| format!("tcp://{}", m.stomp))
+            .filter_map(|m| m.stomp)
+            .map(|a| format!("tcp://{a}"))
             .collect();
     }
     let store = match haven_raft::ReplicatedStore::start(&cfg).await {

@@ -15,7 +15,11 @@
 //! 6. Leadership is transferred under load, to a named member and then to whichever holds most
 //!    of the log; each time that member leads, the old leader stops serving, and exactly once
 //!    holds. A transfer to the leader itself or to a non-member is refused.
-//! 7. Five members, each in its own network namespace: the leader and one follower are cut off
+//! 7. Two data brokers and a witness: the leader is killed under load again and again and the
+//!    other data broker always takes over (the witness's acknowledgements wait for it);
+//!    either the other data broker or the witness can be down while the leader goes on; the
+//!    witness's files never hold a message body. Exactly once.
+//! 8. Five members, each in its own network namespace: the leader and one follower are cut off
 //!    from the other three by the kernel's firewall. The minority accepts nothing (a SEND to
 //!    the cut-off leader is never receipted, and it stops serving); the majority elects a
 //!    leader and goes on; once healed, every member holds the majority's records, LSN by LSN.
@@ -34,6 +38,7 @@ use std::time::{Duration, Instant};
 use group::*;
 use haven_client::{ConnectOptions, Connection};
 use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, NetLab, Peer};
+use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
 use traffic::*;
 
@@ -48,7 +53,9 @@ const CATCH_UP_WAIT_MS: u64 = 60_000;
 struct Spec {
     id: u64,
     raft: SocketAddr,
+    /// Where it would serve; a witness never does (nothing listens there).
     stomp: SocketAddr,
+    witness: bool,
 }
 
 fn config(me: u64, members: &[Spec], extra_ha: &str) -> String {
@@ -57,10 +64,12 @@ fn config(me: u64, members: &[Spec], extra_ha: &str) -> String {
          cluster_name = \"test\"\n{TIMING}{extra_ha}\n"
     );
     for m in members {
-        s += &format!(
-            "[[ha.members]]\nid = {}\nraft = \"{}\"\nstomp = \"{}\"\n\n",
-            m.id, m.raft, m.stomp
-        );
+        s += &format!("[[ha.members]]\nid = {}\nraft = \"{}\"\n", m.id, m.raft);
+        if m.witness {
+            s += "witness = true\n\n";
+        } else {
+            s += &format!("stomp = \"{}\"\n\n", m.stomp);
+        }
     }
     s
 }
@@ -71,6 +80,7 @@ fn specs(n: u64) -> Vec<Spec> {
             id,
             raft: free_addr(),
             stomp: free_addr(),
+            witness: false,
         })
         .collect()
 }
@@ -355,10 +365,7 @@ async fn members_added_and_the_leader_removed_under_load_exactly_once() {
         &any,
         haven_raft::AdminRequest::Add {
             id: 4,
-            member: haven_raft::Member {
-                raft: all[3].raft.to_string(),
-                stomp: all[3].stomp.to_string(),
-            },
+            member: haven_raft::Member::data(all[3].raft.to_string(), all[3].stomp.to_string()),
         },
     )
     .await
@@ -475,6 +482,7 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
             id,
             raft: SocketAddr::from((lab.addr(Peer::Host(h)), RAFT_PORT)),
             stomp: lab.stomp_addr(h),
+            witness: false,
         })
         .collect();
     let mut brokers: Vec<BrokerProcess> = hosts
@@ -665,4 +673,110 @@ async fn leadership_transferred_under_load_exactly_once() {
     assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
     assert!(report.is_ok(), "{report}\n{}", logs(&brokers));
     stop_all(&mut brokers);
+}
+
+/// Whether any file under `dir` contains `needle`.
+fn files_contain(dir: &std::path::Path, needle: &[u8]) -> bool {
+    std::fs::read_dir(dir).unwrap().any(|e| {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            files_contain(&path, needle)
+        } else {
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            bytes.windows(needle.len()).any(|w| w == needle)
+        }
+    })
+}
+
+/// Sends one receipted message to whichever data broker leads; panics if none takes it.
+async fn store_one(brokers: &mut Vec<BrokerProcess>, body: String) {
+    let leader = wait_master_async(brokers).await;
+    let conn = Connection::connect(
+        &brokers[leader].addr().to_string(),
+        ConnectOptions::default(),
+    )
+    .await
+    .expect("connect to the leader");
+    conn.send_receipted(QUEUE, &[], body)
+        .await
+        .unwrap_or_else(|e| panic!("the leader stored nothing: {e}\n{}", logs(brokers)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_data_brokers_and_a_witness_fail_over_exactly_once_and_the_witness_keeps_no_bodies() {
+    const KILLS: usize = 3;
+    let seed = seed("HAVEN_RAFT_SEED");
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = specs(3);
+    members[2].witness = true;
+    let brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = members.clone();
+        move || start_cluster(&dir, &members, "")
+    })
+    .await;
+    // The leader killed under load, again and again: the other data broker must take over
+    // each time (a witness ahead of it would refuse it its vote). Two brokers and a witness
+    // survive one failure at a time: the killed broker is caught up before the next kill.
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let t = Traffic::start(&uri, QUEUE).await;
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
+        let b = brokers.clone();
+        let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
+        blocking(move || {
+            let mut b = b.blocking_lock();
+            let leader = wait_master(&mut b);
+            b[leader].kill9().expect("kill -9");
+            let next = wait_master(&mut b);
+            assert_ne!(next, leader);
+            b[leader].respawn().expect("respawn");
+            wait_caught_up(rafts[leader], rafts[next]);
+        })
+        .await;
+    }
+    let report = t.finish_exactly_once(pipelined).await;
+    let mut b = Arc::try_unwrap(brokers)
+        .unwrap_or_else(|_| panic!("the kill tasks have finished"))
+        .into_inner();
+    eprintln!("2 data + witness, {KILLS} leader kills: {report}");
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "seed {seed}: {report}\n{}", logs(&b));
+    let witness_log = std::fs::read_to_string(b[2].log_path()).unwrap();
+    assert!(
+        !witness_log.contains("leader: serving clients"),
+        "{witness_log}"
+    );
+    // Either data broker's partner may be down: the leader goes on with the witness...
+    let leader = wait_master_async(&mut b).await;
+    let other = 1 - leader;
+    b[other].kill9().expect("kill -9 the other data broker");
+    store_one(&mut b, "with-the-witness".into()).await;
+    b[other].respawn().expect("respawn");
+    // ...or with the other data broker while the witness is down.
+    b[2].kill9().expect("kill -9 the witness");
+    store_one(&mut b, "without-the-witness".into()).await;
+    b[2].respawn().expect("respawn the witness");
+    // A distinctive body, applied everywhere: on the data brokers' disks, not the witness's.
+    let marker = format!("WITNESS-MUST-NOT-KEEP-{seed:x}-").repeat(64);
+    store_one(&mut b, marker.clone()).await;
+    let leader = wait_master_async(&mut b).await;
+    for m in &members {
+        let (raft, leader_raft) = (m.raft, members[leader].raft);
+        blocking(move || wait_caught_up(raft, leader_raft)).await;
+    }
+    stop_all(&mut b);
+    let other = 1 - leader;
+    assert!(
+        files_contain(b[other].data_dir(), marker.as_bytes()),
+        "the other data broker holds the body (the check can see it)"
+    );
+    assert!(
+        !files_contain(b[2].data_dir(), marker.as_bytes()),
+        "the witness holds a message body"
+    );
 }

@@ -64,6 +64,8 @@ pub struct Admin {
     pub raft: Raft,
     pub(crate) handover: std::sync::Arc<Handover>,
     pub(crate) timing: Timing,
+    /// This member is a witness (`witness.rs`).
+    pub(crate) witness: bool,
 }
 
 impl Admin {
@@ -148,6 +150,9 @@ impl Admin {
                 crate::handover::transfer(&self.raft, &self.handover, to, self.timing).await
             }
             AdminRequest::Elect { term } => {
+                if self.witness {
+                    return AdminResponse::Failed("a witness never leads".into());
+                }
                 let now = self.raft.metrics().borrow().current_term;
                 if now != term {
                     return AdminResponse::Failed(format!(

@@ -101,6 +101,7 @@ pub(crate) async fn transfer(
             .and_then(|r| r.get(&id).copied().flatten())
             .map(|l| l.index)
     };
+    let is_witness = |id: NodeId| membership.get_node(&id).is_some_and(|n| n.witness);
     let target = match to {
         Some(id) if id == m.id => {
             return AdminResponse::Failed(format!("member {id} already leads"));
@@ -108,10 +109,13 @@ pub(crate) async fn transfer(
         Some(id) if !membership.voter_ids().any(|v| v == id) => {
             return AdminResponse::Failed(format!("member {id} is not a voter"));
         }
+        Some(id) if is_witness(id) => {
+            return AdminResponse::Failed(format!("member {id} is a witness: it never leads"));
+        }
         Some(id) => id,
         None => match membership
             .voter_ids()
-            .filter(|&v| v != m.id)
+            .filter(|&v| v != m.id && !is_witness(v))
             .max_by_key(|&v| matched(v))
         {
             Some(id) => id,

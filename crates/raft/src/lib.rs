@@ -10,6 +10,7 @@
 //! - `leader`: the log the broker's core writes to while this member leads.
 //! - `network`, `admin`, `client`: the Raft port, for peers and for `haven admin cluster`.
 //! - `handover`: moving leadership to a chosen member (`transfer-leader`).
+//! - `witness`: the bodiless third member of a two-broker group, and the leader's gate for it.
 //! - `node`: one replica, as a `SharedStore`, so `haven_server::run_shared` serves while it leads.
 
 // openraft's `StorageError` is large; it is what its traits return, so it is returned as is.
@@ -26,6 +27,7 @@ mod node;
 mod snapshot;
 mod state;
 pub mod types;
+mod witness;
 
 pub use admin::{AdminRequest, AdminResponse, Status};
 pub use node::ReplicatedStore;

@@ -57,6 +57,8 @@ struct Inner {
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
     dir: PathBuf,
+    /// A witness's log: entries are stored without their records (`witness::strip`).
+    witness: bool,
     durable: watch::Receiver<Result<Lsn, haven_journal::JournalFailure>>,
 }
 
@@ -65,8 +67,12 @@ fn io_err(e: impl std::fmt::Display) -> std::io::Error {
 }
 
 impl LogStore {
-    /// Opens (or creates) the log in `dir`.
-    pub fn open(dir: &Path, segment_bytes: u64) -> Result<LogStore, haven_journal::JournalError> {
+    /// Opens (or creates) the log in `dir`; a witness's (`witness`) keeps no records.
+    pub fn open(
+        dir: &Path,
+        segment_bytes: u64,
+        witness: bool,
+    ) -> Result<LogStore, haven_journal::JournalError> {
         let mut slots: VecDeque<Slot> = VecDeque::new();
         let mut last_purged: Option<LogId> = None;
         let mut purge_lsn: Lsn = 0;
@@ -120,6 +126,7 @@ impl LogStore {
                 buf: Vec::new(),
             })),
             dir: dir.to_path_buf(),
+            witness,
             durable,
         })
     }
@@ -360,7 +367,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let last_lsn = {
             let mut inner = self.inner.lock().unwrap();
             let mut last_lsn = 0;
-            for entry in entries {
+            for mut entry in entries {
+                if self.witness {
+                    crate::witness::strip(&mut entry);
+                }
                 if let Some(back) = inner.slots.back() {
                     assert_eq!(
                         entry.log_id.index,

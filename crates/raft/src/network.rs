@@ -6,6 +6,7 @@
 
 use crate::admin::{AdminRequest, AdminResponse};
 use crate::types::{NodeId, Raft, TypeConfig};
+use crate::witness::Gate;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -16,7 +17,7 @@ use openraft::raft::{
 };
 use serde::{Deserialize, Serialize};
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -140,6 +141,9 @@ pub struct NetworkFactory {
     /// Snapshot chunks are paced to at most this many bytes per second, so a catch-up does
     /// not take the disk and network from the leader's clients.
     pub catchup_bytes_per_sec: u64,
+    /// This member's metrics once Raft runs, for the witness gate (`witness.rs`).
+    pub metrics: Arc<OnceLock<crate::witness::Metrics>>,
+    pub election_timeout_ms: u64,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -151,6 +155,9 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             conn: Conn::new(node.raft.clone()),
             catchup_bytes_per_sec: self.catchup_bytes_per_sec,
             sent: None,
+            gate: node
+                .witness
+                .then(|| Gate::new(self.metrics.clone(), self.election_timeout_ms)),
         }
     }
 }
@@ -161,6 +168,8 @@ pub struct PeerNetwork {
     catchup_bytes_per_sec: u64,
     /// When the current snapshot transfer started and how much of it has been sent.
     sent: Option<(Instant, u64)>,
+    /// For a witness: appends wait for the data members (`witness.rs`).
+    gate: Option<Gate>,
 }
 
 impl PeerNetwork {
@@ -198,6 +207,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+        if let (Some(gate), Some(last)) = (&mut self.gate, rpc.entries.last()) {
+            gate.admit(last.log_id.index).await;
+        }
         match self.rpc(Request::Append(rpc), &option).await? {
             Response::Append(Ok(r)) => Ok(r),
             Response::Append(Err(e)) => Err(remote(self.target, e)),

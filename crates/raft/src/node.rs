@@ -50,9 +50,18 @@ impl ReplicatedStore {
         let data_dir = config.journal.dir.clone();
         let dir_lock = haven_server::lock_data_dir(&data_dir)?;
         let segment_bytes = config.journal.segment_bytes;
-        let log = LogStore::open(&data_dir, segment_bytes).map_err(|e| dir_err(&data_dir, e))?;
-        let sm = StateMachine::open(&data_dir, segment_bytes).map_err(|e| dir_err(&data_dir, e))?;
+        let me = ha
+            .members
+            .iter()
+            .find(|m| m.id == ha.node_id)
+            .expect("validated: node_id is a member");
+        let log = LogStore::open(&data_dir, segment_bytes, me.witness)
+            .map_err(|e| dir_err(&data_dir, e))?;
+        let sm = StateMachine::open(&data_dir, segment_bytes, me.witness)
+            .map_err(|e| dir_err(&data_dir, e))?;
         let raft_config = openraft::Config {
+            // A witness never stands: it holds no records to lead with.
+            enable_elect: !me.witness,
             cluster_name: ha.cluster_name.clone(),
             heartbeat_interval: ha.heartbeat_ms,
             election_timeout_min: ha.election_timeout_ms,
@@ -69,17 +78,18 @@ impl ReplicatedStore {
                 .validate()
                 .map_err(|e| dir_err(&data_dir, format!("[ha] raft settings: {e}")))?,
         );
+        let metrics = Arc::new(std::sync::OnceLock::new());
         let network = NetworkFactory {
             catchup_bytes_per_sec: ha.catchup_bytes_per_sec,
+            metrics: metrics.clone(),
+            election_timeout_ms: ha.election_timeout_ms,
         };
         let raft = Raft::new(ha.node_id, raft_config, network, log, sm.clone())
             .await
             .map_err(|e| dir_err(&data_dir, format!("starting raft: {e}")))?;
-        let me = ha
-            .members
-            .iter()
-            .find(|m| m.id == ha.node_id)
-            .expect("validated: node_id is a member");
+        metrics
+            .set(raft.metrics())
+            .expect("set once, right after Raft starts");
         let listener = tokio::net::TcpListener::bind(me.raft)
             .await
             .map_err(|source| ServerError::Bind {
@@ -93,6 +103,7 @@ impl ReplicatedStore {
             timing: Timing {
                 election_timeout_ms: ha.election_timeout_ms,
             },
+            witness: me.witness,
         });
         let mut tasks = vec![tokio::spawn(crate::network::serve(
             listener,
@@ -107,7 +118,8 @@ impl ReplicatedStore {
                     m.id,
                     Member {
                         raft: m.raft.to_string(),
-                        stomp: m.stomp.to_string(),
+                        stomp: m.stomp.map(|a| a.to_string()).unwrap_or_default(),
+                        witness: m.witness,
                     },
                 )
             })
@@ -122,6 +134,7 @@ impl ReplicatedStore {
         tracing::info!(
             id = ha.node_id,
             raft = %me.raft,
+            witness = me.witness,
             "replica started"
         );
         Ok(ReplicatedStore {

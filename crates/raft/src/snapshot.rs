@@ -285,7 +285,8 @@ fn unpack(path: &Path, new: &Path) -> io::Result<SnapshotMeta> {
     }
     std::fs::create_dir_all(new)?;
     let count = read_u32(&mut r)?;
-    if count == 0 || count > SEGMENTS_MAX {
+    // No segments: a witness's snapshot (an empty state journal).
+    if count > SEGMENTS_MAX {
         return Err(bad(format!("snapshot with {count} segments")));
     }
     for _ in 0..count {
@@ -337,6 +338,28 @@ pub(crate) fn rebuild_state(files: &SnapshotFiles) -> io::Result<()> {
         std::fs::create_dir_all(&new)?;
     }
     swap_in(files)
+}
+
+/// A witness "installs" a snapshot by keeping its meta alone, as a snapshot of no segments:
+/// its state journal stays empty, and nothing of the data was written (`witness.rs`).
+pub(crate) fn install_meta(shared: &Shared, meta: &SnapshotMeta) -> io::Result<()> {
+    let files = &shared.files;
+    let tmp = files.receiving_path();
+    let mut out = File::create(&tmp)?;
+    out.write_all(MAGIC)?;
+    let meta_bytes = postcard::to_allocvec(meta).expect("encoding to a Vec cannot fail");
+    out.write_all(&(meta_bytes.len() as u32).to_le_bytes())?;
+    out.write_all(&meta_bytes)?;
+    out.write_all(&0u32.to_le_bytes())?;
+    out.sync_all()?;
+    {
+        let mut inner = shared.inner.lock().unwrap();
+        inner.last_applied = meta.last_log_id;
+        inner.membership = meta.last_membership.clone();
+    }
+    files.replace_current(&tmp, meta)?;
+    tracing::info!(snapshot = %meta.snapshot_id, "snapshot meta kept (witness)");
+    Ok(())
 }
 
 /// Installs the snapshot just received: its segments become the state journal.

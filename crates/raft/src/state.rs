@@ -58,6 +58,8 @@ pub struct Shared {
     pub(crate) files: SnapshotFiles,
     /// The last applied log id, for waiting on.
     pub(crate) applied: watch::Sender<Option<LogId>>,
+    /// A witness's state machine: it applies no records and keeps no snapshot data.
+    pub(crate) witness: bool,
 }
 
 #[derive(Clone)]
@@ -67,7 +69,11 @@ pub struct StateMachine {
 
 impl StateMachine {
     /// Opens the state journal and the latest snapshot under `data_dir`.
-    pub fn open(data_dir: &Path, segment_bytes: u64) -> Result<StateMachine, String> {
+    pub fn open(
+        data_dir: &Path,
+        segment_bytes: u64,
+        witness: bool,
+    ) -> Result<StateMachine, String> {
         let files = SnapshotFiles::new(data_dir);
         files
             .finish_interrupted_install()
@@ -108,6 +114,7 @@ impl StateMachine {
                 }),
                 files,
                 applied,
+                witness,
             }),
         })
     }
@@ -120,9 +127,11 @@ impl Inner {
             .expect("the state journal is open except during an install")
     }
 
-    fn apply_one(&mut self, entry: &Entry) -> Result<(), StorageError> {
+    fn apply_one(&mut self, entry: &Entry, witness: bool) -> Result<(), StorageError> {
         match &entry.payload {
             EntryPayload::Blank => {}
+            // A witness keeps no records (its log stores none either).
+            EntryPayload::Normal(_) if witness => {}
             EntryPayload::Membership(m) => {
                 self.membership = StoredMembership::new(Some(entry.log_id), m.clone());
             }
@@ -185,7 +194,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let last = {
             let mut inner = self.shared.inner.lock().unwrap();
             for entry in entries {
-                out.push(inner.apply_one(&entry)?);
+                out.push(inner.apply_one(&entry, self.shared.witness)?);
             }
             inner.journal().flush();
             inner.last_applied
@@ -199,7 +208,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
-        let file = self.shared.files.receiving_file().await.map_err(|e| {
+        let file = if self.shared.witness {
+            crate::witness::discarding_file().await
+        } else {
+            self.shared.files.receiving_file().await
+        };
+        let file = file.map_err(|e| {
             StorageError::from_io_error(
                 openraft::ErrorSubject::Snapshot(None),
                 openraft::ErrorVerb::Write,
@@ -217,9 +231,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let shared = self.shared.clone();
         let meta = meta.clone();
         drop(snapshot);
-        let result = tokio::task::spawn_blocking(move || snapshot::install(&shared, &meta))
-            .await
-            .expect("the install task does not panic");
+        let result = tokio::task::spawn_blocking(move || {
+            if shared.witness {
+                snapshot::install_meta(&shared, &meta)
+            } else {
+                snapshot::install(&shared, &meta)
+            }
+        })
+        .await
+        .expect("the install task does not panic");
         result.map_err(|e| {
             StorageError::from_io_error(
                 openraft::ErrorSubject::Snapshot(None),

@@ -26,16 +26,32 @@ pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
 
 /// Where a member listens: its Raft port, and its STOMP port (announced to failover clients
-/// once it leads).
+/// once it leads; empty for a witness).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     pub raft: String,
     pub stomp: String,
+    /// Votes and acknowledges entries, stores no message bodies, never leads (`witness.rs`).
+    pub witness: bool,
+}
+
+impl Member {
+    pub fn data(raft: String, stomp: String) -> Member {
+        Member {
+            raft,
+            stomp,
+            witness: false,
+        }
+    }
 }
 
 impl fmt::Display for Member {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "raft={} stomp={}", self.raft, self.stomp)
+        if self.witness {
+            write!(f, "raft={} witness", self.raft)
+        } else {
+            write!(f, "raft={} stomp={}", self.raft, self.stomp)
+        }
     }
 }
 

@@ -225,8 +225,13 @@ pub struct HaMember {
     pub id: u64,
     /// Where its Raft port listens (peers and `haven admin cluster` connect here).
     pub raft: SocketAddr,
-    /// Its STOMP address, announced when it leads.
-    pub stomp: SocketAddr,
+    /// Its STOMP address, announced when it leads. A witness has none.
+    #[serde(default)]
+    pub stomp: Option<SocketAddr>,
+    /// A witness votes and acknowledges entries but stores no message bodies and never leads:
+    /// the third member of a group with two data brokers (see docs/REPLICATION.md).
+    #[serde(default)]
+    pub witness: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -466,6 +471,39 @@ impl Config {
             if ids.len() != h.members.len() {
                 return invalid("ha.members", "two members have the same id".into());
             }
+            for m in &h.members {
+                match (m.witness, m.stomp) {
+                    (false, None) => {
+                        return invalid(
+                            "ha.members",
+                            format!("member {} has no stomp address", m.id),
+                        )
+                    }
+                    (true, Some(_)) => {
+                        return invalid(
+                            "ha.members",
+                            format!(
+                                "member {} is a witness: it serves no clients, so no stomp",
+                                m.id
+                            ),
+                        )
+                    }
+                    _ => {}
+                }
+            }
+            // A witness can stand in only for the third copy of a two-broker group: its
+            // acknowledgements wait for the other data broker (docs/REPLICATION.md).
+            let witnesses = h.members.iter().filter(|m| m.witness).count();
+            if witnesses > 0 && (witnesses != 1 || h.members.len() != 3) {
+                return invalid(
+                    "ha.members",
+                    format!(
+                        "a witness makes a group of two data brokers and one witness; \
+                         this one has {} members, {witnesses} of them witnesses",
+                        h.members.len()
+                    ),
+                );
+            }
             // A follower waits 3 to 4 election timeouts (openraft's leader lease, then its
             // election timeout) before it stands: at least 6 heartbeats.
             if h.heartbeat_ms == 0 || h.election_timeout_ms < 2 * h.heartbeat_ms {
@@ -651,6 +689,37 @@ mod tests {
         assert_eq!(c.delivery.redeliveries_max, 6);
     }
 
+    fn replicated(members: &str) -> Result<Config, String> {
+        parse(&format!(
+            "[ha]\nmode = \"replicated\"\nnode_id = 1\n{members}"
+        ))
+        .map_err(|e| e.to_string())
+    }
+
+    const DATA_1: &str =
+        "[[ha.members]]\nid = 1\nraft = \"127.0.0.1:1\"\nstomp = \"127.0.0.1:11\"\n";
+    const DATA_2: &str =
+        "[[ha.members]]\nid = 2\nraft = \"127.0.0.1:2\"\nstomp = \"127.0.0.1:12\"\n";
+    const DATA_4: &str =
+        "[[ha.members]]\nid = 4\nraft = \"127.0.0.1:4\"\nstomp = \"127.0.0.1:14\"\n";
+    const WITNESS_3: &str = "[[ha.members]]\nid = 3\nraft = \"127.0.0.1:3\"\nwitness = true\n";
+
+    #[test]
+    fn a_witness_makes_the_third_member_of_two_data_brokers_only() {
+        let c = replicated(&format!("{DATA_1}{DATA_2}{WITNESS_3}")).unwrap();
+        assert!(c.ha.members[2].witness && c.ha.members[2].stomp.is_none());
+        let e = replicated(&format!("{DATA_1}{DATA_2}{WITNESS_3}{DATA_4}")).unwrap_err();
+        assert!(e.contains("4 members, 1 of them witnesses"), "{e}");
+        let e = replicated(&format!("{DATA_1}{WITNESS_3}")).unwrap_err();
+        assert!(e.contains("2 members"), "{e}");
+        let with_stomp = WITNESS_3.replace("witness", "stomp = \"127.0.0.1:13\"\nwitness");
+        let e = replicated(&format!("{DATA_1}{DATA_2}{with_stomp}")).unwrap_err();
+        assert!(e.contains("member 3 is a witness"), "{e}");
+        let no_stomp = "[[ha.members]]\nid = 2\nraft = \"127.0.0.1:2\"\n";
+        let e = replicated(&format!("{DATA_1}{no_stomp}{WITNESS_3}")).unwrap_err();
+        assert!(e.contains("member 2 has no stomp address"), "{e}");
+    }
+
     #[test]
     fn unknown_key_names_file_and_key() {
         let e = parse("[stomp]\nlisten = \"127.0.0.1:1\"\nfram_bytes_max = 5\n")
@@ -797,6 +866,36 @@ mod tests {
             }
         }
         assert_eq!(seen, 10);
+    }
+
+    #[test]
+    fn the_shipped_replicated_examples_parse_and_each_names_itself() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        for (group, witnesses) in [("replicated-3", 0), ("replicated-witness", 1)] {
+            let files: Vec<_> = std::fs::read_dir(root.join(group))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            assert_eq!(files.len(), 3, "{group}");
+            let mut ids = Vec::new();
+            for file in files {
+                let c = Config::load(&file).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(c.ha.mode, HaMode::Replicated, "{}", file.display());
+                let me = c.ha.members.iter().find(|m| m.id == c.ha.node_id).unwrap();
+                if let Some(stomp) = me.stomp {
+                    assert_eq!(stomp, c.stomp.listen, "{}", file.display());
+                }
+                assert_eq!(
+                    c.ha.members.iter().filter(|m| m.witness).count(),
+                    witnesses,
+                    "{}",
+                    file.display()
+                );
+                ids.push(c.ha.node_id);
+            }
+            ids.sort_unstable();
+            assert_eq!(ids, [1, 2, 3], "{group}");
+        }
     }
 
     #[test]
