@@ -19,7 +19,12 @@
 //!    other data broker always takes over (the witness's acknowledgements wait for it);
 //!    either the other data broker or the witness can be down while the leader goes on; the
 //!    witness's files never hold a message body. Exactly once.
-//! 8. Five members, each in its own network namespace: the leader and one follower are cut off
+//! 8. Damaged journals under load: a follower's Raft log fails its checksum in the middle (it
+//!    sets the log aside, catches up from the others without voting, then votes again), and
+//!    another follower's state journal does (it is rebuilt from the snapshot and the log). The
+//!    leader is then killed and one of the repaired members leads. Exactly once, and both hold
+//!    the leader's records.
+//! 9. Five members, each in its own network namespace: the leader and one follower are cut off
 //!    from the other three by the kernel's firewall. The minority accepts nothing (a SEND to
 //!    the cut-off leader is never receipted, and it stops serving); the majority elects a
 //!    leader and goes on; once healed, every member holds the majority's records, LSN by LSN.
@@ -779,4 +784,127 @@ async fn two_data_brokers_and_a_witness_fail_over_exactly_once_and_the_witness_k
         !files_contain(b[2].data_dir(), marker.as_bytes()),
         "the witness holds a message body"
     );
+}
+
+/// Flips a byte in the payload of the first record of journal `dir`'s first segment: damage
+/// with valid records after it, which the journal reports as corrupt (not a torn tail).
+fn damage_first_record(dir: &std::path::Path) {
+    use std::os::unix::fs::FileExt;
+    let mut segments: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let base = path
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".seg")?
+                .parse()
+                .ok()?;
+            Some((base, path))
+        })
+        .collect();
+    segments.sort();
+    let (_, first) = segments.first().expect("a segment");
+    let offset =
+        haven_journal::SEGMENT_HEADER_BYTES + haven_journal::RECORD_HEADER_BYTES as u64 + 2;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(first)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    f.write_all_at(&[b[0] ^ 0x40], offset).unwrap();
+}
+
+/// Waits until `b`'s log contains `line`.
+fn wait_logged(b: &BrokerProcess, line: &str) {
+    let deadline = Instant::now() + Duration::from_millis(CATCH_UP_WAIT_MS);
+    loop {
+        let log = std::fs::read_to_string(b.log_path()).unwrap_or_default();
+        if log.contains(line) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never logged {line:?}:\n{}",
+            b.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn damaged_journals_are_repaired_from_the_other_members_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    let brokers = blocking({
+        let dir = dir.path().to_path_buf();
+        let members = members.clone();
+        move || start_cluster(&dir, &members, "")
+    })
+    .await;
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let brokers = Arc::new(Mutex::new(brokers));
+    let t = Traffic::start(&uri, QUEUE).await;
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    let receipts = t.receipts.clone();
+    let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
+    for journal in ["raft-log", "state"] {
+        wait_progress(
+            &receipts,
+            receipts.load(std::sync::atomic::Ordering::Relaxed),
+            100,
+        )
+        .await;
+        let b = brokers.clone();
+        let rafts = rafts.clone();
+        blocking(move || {
+            let mut b = b.blocking_lock();
+            let leader = wait_master(&mut b);
+            let victim = if journal == "raft-log" {
+                (leader + 1) % 3
+            } else {
+                (leader + 2) % 3
+            };
+            b[victim].kill9().expect("kill -9");
+            damage_first_record(&b[victim].data_dir().join(journal));
+            b[victim].respawn().expect("respawn the damaged member");
+            if journal == "raft-log" {
+                wait_logged(&b[victim], "raft log repaired from the other members");
+                assert!(b[victim].data_dir().join("raft-log.damaged").exists());
+            } else {
+                wait_logged(&b[victim], "state journal damaged");
+            }
+            let leader = wait_master(&mut b);
+            wait_caught_up(rafts[victim], rafts[leader]);
+        })
+        .await;
+    }
+    // The leader dies: one of the two repaired members leads, elected by the other.
+    {
+        let b = brokers.clone();
+        blocking(move || kill_master_and_rejoin(&mut b.blocking_lock())).await;
+    }
+    let report = t.finish_exactly_once(pipelined).await;
+    eprintln!("replicated, damaged journals repaired: {report}");
+    let mut b = brokers.lock().await;
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "{report}\n{}", logs(&b));
+    let leader = wait_master_async(&mut b).await;
+    for &raft in &rafts {
+        let leader_raft = rafts[leader];
+        blocking(move || wait_caught_up(raft, leader_raft)).await;
+    }
+    stop_all(&mut b);
+    let reference = state_records(b[leader].data_dir());
+    for (i, m) in b.iter().enumerate() {
+        if i != leader {
+            assert!(
+                state_records(m.data_dir()) == reference,
+                "member {i}'s state journal differs from the leader's"
+            );
+        }
+    }
 }

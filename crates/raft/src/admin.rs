@@ -66,6 +66,8 @@ pub struct Admin {
     pub(crate) timing: Timing,
     /// This member is a witness (`witness.rs`).
     pub(crate) witness: bool,
+    /// Set while this member repairs a damaged log (`repair.rs`).
+    pub(crate) repair: std::sync::Arc<crate::repair::Repair>,
 }
 
 impl Admin {
@@ -152,6 +154,11 @@ impl Admin {
             AdminRequest::Elect { term } => {
                 if self.witness {
                     return AdminResponse::Failed("a witness never leads".into());
+                }
+                if self.repair.active() {
+                    return AdminResponse::Failed(
+                        "repairing a damaged raft log: not standing until caught up".into(),
+                    );
                 }
                 let now = self.raft.metrics().borrow().current_term;
                 if now != term {

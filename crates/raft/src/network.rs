@@ -297,6 +297,9 @@ async fn answer(stream: TcpStream, raft: Raft, admin: Arc<crate::admin::Admin>) 
         let req: Request = read_frame(&mut r).await?;
         let resp = match req {
             Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
+            Request::Vote(_) if admin.repair.active() => {
+                Response::Vote(Ok(crate::repair::refusal(&raft)))
+            }
             Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
             Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
             Request::Admin(req) => Response::Admin(admin.handle(req).await),

@@ -6,6 +6,7 @@ use crate::handover::{Handover, Timing};
 use crate::leader::{LeaderStore, Lost};
 use crate::log_store::LogStore;
 use crate::network::NetworkFactory;
+use crate::repair::Repair;
 use crate::state::StateMachine;
 use crate::types::{Member, NodeId, Raft};
 use haven_server::ha::{Acquiring, Mastership};
@@ -55,13 +56,24 @@ impl ReplicatedStore {
             .iter()
             .find(|m| m.id == ha.node_id)
             .expect("validated: node_id is a member");
-        let log = LogStore::open(&data_dir, segment_bytes, me.witness)
-            .map_err(|e| dir_err(&data_dir, e))?;
+        let repair = Arc::new(Repair::resume(&data_dir).map_err(|e| dir_err(&data_dir, e))?);
+        let log = match LogStore::open(&data_dir, segment_bytes, me.witness) {
+            Ok(log) => log,
+            Err(e @ haven_journal::JournalError::Corrupt { .. }) => {
+                repair
+                    .begin(&e.to_string())
+                    .map_err(|e| dir_err(&data_dir, format!("repairing the raft log: {e}")))?;
+                LogStore::open(&data_dir, segment_bytes, me.witness)
+                    .map_err(|e| dir_err(&data_dir, e))?
+            }
+            Err(e) => return Err(dir_err(&data_dir, e)),
+        };
         let sm = StateMachine::open(&data_dir, segment_bytes, me.witness)
             .map_err(|e| dir_err(&data_dir, e))?;
         let raft_config = openraft::Config {
-            // A witness never stands: it holds no records to lead with.
-            enable_elect: !me.witness,
+            // A witness never stands: it holds no records to lead with. A repairing member
+            // does not until it has caught up (repair.rs).
+            enable_elect: !me.witness && !repair.active(),
             cluster_name: ha.cluster_name.clone(),
             heartbeat_interval: ha.heartbeat_ms,
             election_timeout_min: ha.election_timeout_ms,
@@ -104,6 +116,7 @@ impl ReplicatedStore {
                 election_timeout_ms: ha.election_timeout_ms,
             },
             witness: me.witness,
+            repair: repair.clone(),
         });
         let mut tasks = vec![tokio::spawn(crate::network::serve(
             listener,
@@ -124,6 +137,13 @@ impl ReplicatedStore {
                 )
             })
             .collect();
+        if repair.active() {
+            tasks.push(tokio::spawn(crate::repair::watch(
+                raft.clone(),
+                repair.clone(),
+                !me.witness,
+            )));
+        }
         let first = *members
             .keys()
             .next()
