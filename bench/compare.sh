@@ -8,11 +8,12 @@
 # broker order each repetition, and writes medians, ratios and peak RSS as a markdown table to
 # stdout and bench/results/latest.md (raw JSON lines beside it). Stops everything it started.
 #
-# Brokers: haven, activemq (required by issue 2), rabbitmq (classic durable queues) and
-# rabbitmq-quorum (quorum queues, same node); e.g. --brokers "haven activemq rabbitmq-quorum".
+# Brokers: haven, activemq (required by issue 2), rabbitmq (classic durable queues),
+# rabbitmq-quorum (quorum queues, same node) and haven-replicated (3 Raft replicas on this
+# machine); e.g. --brokers "haven activemq rabbitmq-quorum".
 # Environment: HAVEN_BIN (default: build target/release/haven), HAVEN_PORT (61613),
-# AMQ_PORT (61614), AMQ_OPENWIRE_PORT (61616), RABBIT_PORT (61615), KEEP_WORK=1 keeps the
-# scratch directory.
+# AMQ_PORT (61614), AMQ_OPENWIRE_PORT (61616), RABBIT_PORT (61615), REPL_PORT (61623..5),
+# REPL_RAFT_PORT (61720..2), KEEP_WORK=1 keeps the scratch directory.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --duration-s) DURATION_S=$2; shift 2 ;;
     --scenarios) SCENARIOS=$2; shift 2 ;;
     --brokers) BROKERS=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -95,6 +96,11 @@ fi
 BENCH=("$HAVEN_BIN" bench)
 
 # --- brokers ----------------------------------------------------------------------------------
+# Scratch of a 3-member replicated group (`haven-replicated`): STOMP on REPL_PORT..+2, Raft on
+# REPL_RAFT_PORT..+2, each member on its own data directory (all on this one disk).
+REPL_PORT=${REPL_PORT:-61623}
+REPL_RAFT_PORT=${REPL_RAFT_PORT:-61720}
+
 start_activemq() {
   if [ ! -e /usr/share/activemq/bin/activemq.jar ]; then
     log "installing ActiveMQ from Debian (package activemq)"
@@ -129,6 +135,38 @@ start_activemq() {
   RSS_PID[activemq]=$!
   wait_port "$AMQ_PORT" 60 "${PIDS[activemq]}" || { log "ActiveMQ did not start; see $WORK/activemq.log"; return 1; }
   URL[activemq]="127.0.0.1:$AMQ_PORT"
+}
+
+# Three replicas (issue 7's throughput target), default timing; the bench talks to the leader.
+start_haven-replicated() {
+  local i j cfg members=""
+  for i in 0 1 2; do
+    port_free $((REPL_PORT + i)) && port_free $((REPL_RAFT_PORT + i)) \
+      || { log "port $((REPL_PORT + i)) or $((REPL_RAFT_PORT + i)) is busy"; return 1; }
+    members+=$'[[ha.members]]\n'"id = $((i + 1))"$'\n'"raft = \"127.0.0.1:$((REPL_RAFT_PORT + i))\""$'\n'
+    members+="stomp = \"127.0.0.1:$((REPL_PORT + i))\""$'\n\n'
+  done
+  for i in 0 1 2; do
+    cfg="$WORK/replica-$i.toml"
+    printf '[stomp]\nlisten = "127.0.0.1:%s"\n[journal]\ndir = "%s"\n[ha]\nmode = "replicated"\nnode_id = %s\ncluster_name = "bench"\n\n%s' \
+      $((REPL_PORT + i)) "$WORK/replica-$i" $((i + 1)) "$members" >"$cfg"
+    "$HAVEN_BIN" run --config "$cfg" >"$WORK/replica-$i.log" 2>&1 &
+    PIDS[haven-replicated-$i]=$!
+  done
+  # Followers do not listen: the one port that opens is the leader's.
+  for _ in $(seq 300); do
+    for j in 0 1 2; do
+      if ! port_free $((REPL_PORT + j)); then
+        URL[haven-replicated]="127.0.0.1:$((REPL_PORT + j))"
+        RSS_PID[haven-replicated]=${PIDS[haven-replicated-$j]}
+        log "haven-replicated: member $((j + 1)) leads"
+        return 0
+      fi
+    done
+    sleep 0.1
+  done
+  log "the replicated group elected no leader; see $WORK/replica-*.log"
+  return 1
 }
 
 start_haven() {

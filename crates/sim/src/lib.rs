@@ -12,6 +12,7 @@
 pub mod disk;
 pub mod edges;
 pub mod lease;
+pub mod raft;
 mod run;
 pub mod shared;
 

@@ -3,6 +3,8 @@
 //!     haven-sim --seed 42 --mode exactly-once --trace   # replay one seed, print its trace
 //!     haven-sim --seeds 1000 --first 5000               # a sweep (e.g. overnight)
 //!     haven-sim --mode shared-store --seeds 20 --unfenced # the store's fence off: must fail
+//!     haven-sim --raft --first 1 --seeds 100            # replicated mode's consensus
+//!     haven-sim --raft --seeds 20 --lossy-log           # logs that lose unapplied entries: must fail
 
 use haven_sim::{run, Mode, SimConfig};
 use std::process::ExitCode;
@@ -14,6 +16,8 @@ struct Args {
     trace: bool,
     messages: Option<usize>,
     unfenced: bool,
+    raft: bool,
+    lossy_log: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -24,6 +28,8 @@ fn parse() -> Result<Args, String> {
         trace: false,
         messages: None,
         unfenced: false,
+        raft: false,
+        lossy_log: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -43,10 +49,15 @@ fn parse() -> Result<Args, String> {
             // Shows that the shared-store invariants can fail: the store stops refusing a
             // deposed master's writes.
             "--unfenced" => args.unfenced = true,
+            // Replicated mode's consensus (haven_sim::raft) instead of the brokers.
+            "--raft" => args.raft = true,
+            // Shows that the Raft invariants can fail: a crash loses the log entries its
+            // member had not applied yet, acknowledged or not.
+            "--lossy-log" => args.lossy_log = true,
             "-h" | "--help" => {
                 return Err("usage: haven-sim [--seed N | --first N --seeds COUNT] \
                             [--mode exactly-once|standalone|shared-store] [--messages PER_PRODUCER] \
-                            [--trace] [--unfenced]"
+                            [--trace] [--unfenced] | --raft [--lossy-log] [--seed N | --first N --seeds COUNT]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
@@ -67,6 +78,9 @@ fn main() -> ExitCode {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .init();
+    }
+    if args.raft {
+        return run_raft_seeds(&args);
     }
     let mut failed = Vec::new();
     let (mut runs, mut messages, mut faults) = (0u64, 0usize, 0u64);
@@ -98,6 +112,26 @@ fn main() -> ExitCode {
     );
     for (seed, mode) in &failed {
         println!("  failed: --seed {seed} --mode {mode}");
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn run_raft_seeds(args: &Args) -> ExitCode {
+    let mut failed = Vec::new();
+    for seed in args.first..args.first + args.seeds {
+        let outcome = haven_sim::raft::run_raft_with(seed, args.lossy_log);
+        println!("{outcome}");
+        if !outcome.ok() {
+            failed.push(seed);
+        }
+    }
+    println!("{} raft runs, {} failed", args.seeds, failed.len());
+    for seed in &failed {
+        println!("  failed: --raft --seed {seed}");
     }
     if failed.is_empty() {
         ExitCode::SUCCESS
