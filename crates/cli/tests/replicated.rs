@@ -136,6 +136,48 @@ fn wait_caught_up(raft: SocketAddr, leader_raft: SocketAddr) {
     }
 }
 
+/// `start_cluster` off the async threads.
+async fn start(
+    dir: &std::path::Path,
+    members: &[Spec],
+    extra_ha: &'static str,
+) -> Vec<BrokerProcess> {
+    let (dir, members) = (dir.to_path_buf(), members.to_vec());
+    blocking(move || start_cluster(&dir, &members, extra_ha)).await
+}
+
+/// Waits for `n` more receipts than there are now.
+async fn more_receipts(receipts: &std::sync::atomic::AtomicU64, n: u64) {
+    wait_progress(
+        receipts,
+        receipts.load(std::sync::atomic::Ordering::Relaxed),
+        n,
+    )
+    .await;
+}
+
+/// Something was sent, every SEND was confirmed, and exactly once held.
+fn assert_exactly_once(report: &haven_testkit::Report, brokers: &[BrokerProcess]) {
+    assert!(report.receipted > 0, "{report}");
+    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
+    assert!(report.is_ok(), "{report}\n{}", logs(brokers));
+}
+
+/// Failover traffic on `brokers` (receipted producers, two pipelined ones, a consumer), with
+/// the brokers shared for the tasks that kill and restart them.
+async fn under_load(
+    brokers: Vec<BrokerProcess>,
+) -> (
+    Arc<Mutex<Vec<BrokerProcess>>>,
+    Traffic,
+    Vec<tokio::task::JoinHandle<Vec<String>>>,
+) {
+    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
+    let t = Traffic::start(&uri, QUEUE).await;
+    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    (Arc::new(Mutex::new(brokers)), t, pipelined)
+}
+
 fn stop_all(brokers: &mut [BrokerProcess]) {
     for b in brokers.iter_mut() {
         if b.is_running() {
@@ -150,20 +192,13 @@ async fn leader_killed_repeatedly_under_load_another_member_leads_exactly_once()
     let seed = seed("HAVEN_RAFT_SEED");
     let dir = tempfile::tempdir().unwrap();
     let members = specs(3);
-    let brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = members.clone();
-        move || start_cluster(&dir, &members, "")
-    })
-    .await;
+    let brokers = start(dir.path(), &members, "").await;
     let (report, mut b) = kill_masters_under_load(brokers, QUEUE, KILLS, KILL_AFTER_MS, seed).await;
     eprintln!("replicated, {KILLS} leader kills: {report}");
     if !report.is_ok() {
         eprintln!("{}", logs(&b));
     }
-    assert!(report.receipted > 0, "{report}");
-    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
-    assert!(report.is_ok(), "seed {seed}: {report}");
+    assert_exactly_once(&report, &b);
     stop_all(&mut b);
 }
 
@@ -172,12 +207,7 @@ async fn a_frozen_leader_acknowledges_nothing_after_another_member_leads() {
     const STORED: usize = 20;
     let dir = tempfile::tempdir().unwrap();
     let members = specs(3);
-    let mut brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = members.clone();
-        move || start_cluster(&dir, &members, "")
-    })
-    .await;
+    let mut brokers = start(dir.path(), &members, "").await;
     let old = wait_master_async(&mut brokers).await;
     let conn = Connection::connect(&brokers[old].addr().to_string(), ConnectOptions::default())
         .await
@@ -189,33 +219,8 @@ async fn a_frozen_leader_acknowledges_nothing_after_another_member_leads() {
     }
     brokers[old].sigstop().expect("SIGSTOP");
     // The other two elect a leader among themselves.
-    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
-    let new = loop {
-        let s = blocking({
-            let addrs: Vec<SocketAddr> = brokers.iter().map(|b| b.addr()).collect();
-            move || {
-                addrs
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, a)| {
-                        *i != old
-                            && matches!(haven_testkit::stomp_connect_probe(**a, Duration::from_millis(PROBE_TIMEOUT_MS)), Ok(c) if c == "CONNECTED")
-                    })
-                    .map(|(i, _)| i)
-                    .collect::<Vec<_>>()
-            }
-        })
-        .await;
-        if let [n] = s[..] {
-            break n;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no new leader:\n{}",
-            logs(&brokers)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let others: Vec<usize> = (0..brokers.len()).filter(|&i| i != old).collect();
+    let new = tokio::task::block_in_place(|| wait_master_among(&mut brokers, &others));
     // The new leader stores something, so the old leader's log has a conflicting suffix to
     // meet when it wakes.
     let c2 = Connection::connect(&brokers[new].addr().to_string(), ConnectOptions::default())
@@ -278,12 +283,7 @@ async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() 
     let members = specs(3);
     // Small snapshots and a short log, so the wiped member cannot catch up from the log alone.
     let extra = "snapshot_entries = 50\n";
-    let brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = members.clone();
-        move || start_cluster(&dir, &members, extra)
-    })
-    .await;
+    let brokers = start(dir.path(), &members, extra).await;
     let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
     let brokers = Arc::new(Mutex::new(brokers));
     let t = Traffic::start(&uri, QUEUE).await;
@@ -299,12 +299,7 @@ async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() 
         victim
     };
     // The others go on without it, snapshotting and purging their logs.
-    wait_progress(
-        &receipts,
-        receipts.load(std::sync::atomic::Ordering::Relaxed),
-        300,
-    )
-    .await;
+    more_receipts(&receipts, 300).await;
     brokers.lock().await[victim]
         .respawn()
         .expect("respawn the wiped member");
@@ -352,12 +347,7 @@ async fn members_added_and_the_leader_removed_under_load_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let all = specs(4);
     let first_three = all[..3].to_vec();
-    let mut brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = first_three.clone();
-        move || start_cluster(&dir, &members, "")
-    })
-    .await;
+    let mut brokers = start(dir.path(), &first_three, "").await;
     // The fourth member knows all four; the others learn of it from the log.
     let fourth = BrokerProcess::spawn(opts(dir.path(), &all[3], &all, "")).expect("fourth starts");
     brokers.push(fourth);
@@ -376,12 +366,7 @@ async fn members_added_and_the_leader_removed_under_load_exactly_once() {
     .await
     .expect("add member 4");
     eprintln!("{done}");
-    wait_progress(
-        &receipts,
-        receipts.load(std::sync::atomic::Ordering::Relaxed),
-        50,
-    )
-    .await;
+    more_receipts(&receipts, 50).await;
     let leader = wait_master_async(&mut brokers).await;
     let leader_id = all[leader].id;
     let done = haven_raft::client::change(&any, haven_raft::AdminRequest::Remove { id: leader_id })
@@ -413,26 +398,13 @@ async fn members_added_and_the_leader_removed_under_load_exactly_once() {
 async fn a_rolling_restart_of_every_member_under_load_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let members = specs(3);
-    let brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = members.clone();
-        move || start_cluster(&dir, &members, "")
-    })
-    .await;
-    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
-    let brokers = Arc::new(Mutex::new(brokers));
-    let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    let brokers = start(dir.path(), &members, "").await;
+    let (brokers, t, pipelined) = under_load(brokers).await;
     let receipts = t.receipts.clone();
     // One member at a time, the leader among them: stop it gracefully, start it again, and
     // wait until it has caught up before the next, as an operator upgrading the group would.
     for i in 0..members.len() {
-        wait_progress(
-            &receipts,
-            receipts.load(std::sync::atomic::Ordering::Relaxed),
-            20,
-        )
-        .await;
+        more_receipts(&receipts, 20).await;
         let b = brokers.clone();
         let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
         blocking(move || {
@@ -451,18 +423,8 @@ async fn a_rolling_restart_of_every_member_under_load_exactly_once() {
     let report = t.finish_exactly_once(pipelined).await;
     eprintln!("replicated, rolling restart: {report}");
     let mut b = brokers.lock().await;
-    assert!(report.receipted > 0, "{report}");
-    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
-    assert!(report.is_ok(), "{report}\n{}", logs(&b));
+    assert_exactly_once(&report, &b);
     stop_all(&mut b);
-}
-
-/// Whether member `i` answers CONNECT right now.
-fn serves(b: &BrokerProcess) -> bool {
-    matches!(
-        haven_testkit::stomp_connect_probe(b.addr(), Duration::from_millis(PROBE_TIMEOUT_MS)),
-        Ok(c) if c == "CONNECTED"
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -536,29 +498,7 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
         })
     };
     // The majority elects one of its own.
-    let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
-    let new = loop {
-        let serving = tokio::task::block_in_place(|| {
-            majority
-                .iter()
-                .copied()
-                .filter(|&i| serves(&brokers[i]))
-                .collect::<Vec<_>>()
-        });
-        assert!(
-            serving.len() <= 1,
-            "two majority members serve: {serving:?}"
-        );
-        if let [n] = serving[..] {
-            break n;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the majority elected no leader:\n{}",
-            logs(&brokers)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let new = tokio::task::block_in_place(|| wait_master_among(&mut brokers, &majority));
     let c2 = Connection::connect(&brokers[new].addr().to_string(), ConnectOptions::default())
         .await
         .expect("connect to the majority's leader");
@@ -575,7 +515,7 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
     );
     // The minority steps down and serves no one while cut off.
     let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
-    while tokio::task::block_in_place(|| minority.iter().any(|&i| serves(&brokers[i]))) {
+    while !tokio::task::block_in_place(|| serving_among(&mut brokers, &minority)).is_empty() {
         assert!(
             Instant::now() < deadline,
             "the minority still serves:\n{}",
@@ -627,12 +567,7 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
 async fn leadership_transferred_under_load_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let members = specs(3);
-    let mut brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = members.clone();
-        move || start_cluster(&dir, &members, "")
-    })
-    .await;
+    let mut brokers = start(dir.path(), &members, "").await;
     let any = members[0].raft.to_string();
     let leader = wait_master_async(&mut brokers).await;
     for (bad, why) in [(members[leader].id, "already leads"), (9, "not a voter")] {
@@ -650,12 +585,7 @@ async fn leadership_transferred_under_load_exactly_once() {
     let receipts = t.receipts.clone();
     let named = members[(leader + 1) % 3].id;
     for to in [Some(named), None] {
-        wait_progress(
-            &receipts,
-            receipts.load(std::sync::atomic::Ordering::Relaxed),
-            50,
-        )
-        .await;
+        more_receipts(&receipts, 50).await;
         let before = wait_master_async(&mut brokers).await;
         let done =
             haven_raft::client::change(&any, haven_raft::AdminRequest::TransferLeader { to })
@@ -674,9 +604,7 @@ async fn leadership_transferred_under_load_exactly_once() {
     }
     let report = t.finish_exactly_once(pipelined).await;
     eprintln!("replicated, two leadership transfers: {report}");
-    assert!(report.receipted > 0, "{report}");
-    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
-    assert!(report.is_ok(), "{report}\n{}", logs(&brokers));
+    assert_exactly_once(&report, &brokers);
     stop_all(&mut brokers);
 }
 
@@ -714,19 +642,11 @@ async fn two_data_brokers_and_a_witness_fail_over_exactly_once_and_the_witness_k
     let dir = tempfile::tempdir().unwrap();
     let mut members = specs(3);
     members[2].witness = true;
-    let brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = members.clone();
-        move || start_cluster(&dir, &members, "")
-    })
-    .await;
+    let brokers = start(dir.path(), &members, "").await;
     // The leader killed under load, again and again: the other data broker must take over
     // each time (a witness ahead of it would refuse it its vote). Two brokers and a witness
     // survive one failure at a time: the killed broker is caught up before the next kill.
-    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
-    let brokers = Arc::new(Mutex::new(brokers));
-    let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    let (brokers, t, pipelined) = under_load(brokers).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for _ in 0..KILLS {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS))).await;
@@ -748,9 +668,7 @@ async fn two_data_brokers_and_a_witness_fail_over_exactly_once_and_the_witness_k
         .unwrap_or_else(|_| panic!("the kill tasks have finished"))
         .into_inner();
     eprintln!("2 data + witness, {KILLS} leader kills: {report}");
-    assert!(report.receipted > 0, "{report}");
-    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
-    assert!(report.is_ok(), "seed {seed}: {report}\n{}", logs(&b));
+    assert_exactly_once(&report, &b);
     let witness_log = std::fs::read_to_string(b[2].log_path()).unwrap();
     assert!(
         !witness_log.contains("leader: serving clients"),
@@ -838,25 +756,12 @@ fn wait_logged(b: &BrokerProcess, line: &str) {
 async fn damaged_journals_are_repaired_from_the_other_members_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let members = specs(3);
-    let brokers = blocking({
-        let dir = dir.path().to_path_buf();
-        let members = members.clone();
-        move || start_cluster(&dir, &members, "")
-    })
-    .await;
-    let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
-    let brokers = Arc::new(Mutex::new(brokers));
-    let t = Traffic::start(&uri, QUEUE).await;
-    let pipelined = t.spawn_pipelined(QUEUE, 2);
+    let brokers = start(dir.path(), &members, "").await;
+    let (brokers, t, pipelined) = under_load(brokers).await;
     let receipts = t.receipts.clone();
     let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
     for journal in ["raft-log", "state"] {
-        wait_progress(
-            &receipts,
-            receipts.load(std::sync::atomic::Ordering::Relaxed),
-            100,
-        )
-        .await;
+        more_receipts(&receipts, 100).await;
         let b = brokers.clone();
         let rafts = rafts.clone();
         blocking(move || {
@@ -889,9 +794,7 @@ async fn damaged_journals_are_repaired_from_the_other_members_under_load() {
     let report = t.finish_exactly_once(pipelined).await;
     eprintln!("replicated, damaged journals repaired: {report}");
     let mut b = brokers.lock().await;
-    assert!(report.receipted > 0, "{report}");
-    assert_eq!(report.unknown, 0, "every SEND was confirmed: {report}");
-    assert!(report.is_ok(), "{report}\n{}", logs(&b));
+    assert_exactly_once(&report, &b);
     let leader = wait_master_async(&mut b).await;
     for &raft in &rafts {
         let leader_raft = rafts[leader];

@@ -12,9 +12,11 @@ pub const TAKEOVER_WAIT_MS: u64 = 60_000;
 /// How long a probe waits for CONNECTED from a broker.
 pub const PROBE_TIMEOUT_MS: u64 = 500;
 
-/// The brokers that answer CONNECT right now (slaves do not listen).
-pub fn serving(brokers: &mut [BrokerProcess]) -> Vec<usize> {
-    (0..brokers.len())
+/// The brokers among `candidates` that answer CONNECT right now (slaves do not listen).
+pub fn serving_among(brokers: &mut [BrokerProcess], candidates: &[usize]) -> Vec<usize> {
+    candidates
+        .iter()
+        .copied()
         .filter(|&i| {
             brokers[i].is_running()
                 && matches!(
@@ -25,11 +27,24 @@ pub fn serving(brokers: &mut [BrokerProcess]) -> Vec<usize> {
         .collect()
 }
 
+/// The brokers that answer CONNECT right now.
+pub fn serving(brokers: &mut [BrokerProcess]) -> Vec<usize> {
+    let all: Vec<usize> = (0..brokers.len()).collect();
+    serving_among(brokers, &all)
+}
+
 /// Waits until exactly one broker serves, and returns it. Two serving at once fails the test.
 pub fn wait_master(brokers: &mut [BrokerProcess]) -> usize {
+    let all: Vec<usize> = (0..brokers.len()).collect();
+    wait_master_among(brokers, &all)
+}
+
+/// Waits until exactly one of `candidates` serves, and returns it; two of them at once fail
+/// the test. (Others may still serve: a deposed leader that has not noticed yet.)
+pub fn wait_master_among(brokers: &mut [BrokerProcess], candidates: &[usize]) -> usize {
     let deadline = Instant::now() + Duration::from_millis(TAKEOVER_WAIT_MS);
     loop {
-        let s = serving(brokers);
+        let s = serving_among(brokers, candidates);
         assert!(
             s.len() <= 1,
             "two brokers serve the same store at once: {s:?}"
@@ -39,7 +54,7 @@ pub fn wait_master(brokers: &mut [BrokerProcess]) -> usize {
         }
         assert!(
             Instant::now() < deadline,
-            "no broker became master:\n{}",
+            "none of {candidates:?} became master:\n{}",
             logs(brokers)
         );
         std::thread::sleep(Duration::from_millis(20));
