@@ -14,7 +14,8 @@
 //!    started again and caught up; exactly once holds.
 //! 6. Leadership is transferred under load, to a named member and then to whichever holds most
 //!    of the log; each time that member leads, the old leader stops serving, and exactly once
-//!    holds. A transfer to the leader itself or to a non-member is refused.
+//!    holds. A transfer to the leader itself or to a non-member is refused; one to a member
+//!    that is down fails, and a leader serves again.
 //! 7. Two data brokers and a witness: the leader is killed under load again and again and the
 //!    other data broker always takes over (the witness's acknowledgements wait for it);
 //!    either the other data broker or the witness can be down while the leader goes on; the
@@ -579,6 +580,26 @@ async fn leadership_transferred_under_load_exactly_once() {
         .expect_err("refused");
         assert!(refused.to_string().contains(why), "{refused}");
     }
+    // A transfer to a member that is down fails, and the leader serves again.
+    let down = (leader + 2) % 3;
+    brokers[down].kill9().expect("kill -9");
+    let failed = haven_raft::client::change(
+        &any,
+        haven_raft::AdminRequest::TransferLeader {
+            to: Some(members[down].id),
+        },
+    )
+    .await
+    .expect_err("a member that is down cannot take over");
+    // It held the whole log when it died (nothing was being written), so it is the call
+    // telling it to stand that fails; had it been behind, the wait for it would have.
+    let named = format!("member {}", members[down].id);
+    assert!(failed.to_string().contains(&named), "{failed}");
+    // The group is not left without a leader.
+    let leader = wait_master_async(&mut brokers).await;
+    brokers[down].respawn().expect("respawn");
+    let (raft, leader_raft) = (members[down].raft, members[leader].raft);
+    blocking(move || wait_caught_up(raft, leader_raft)).await;
     let uri = quick_failover(&brokers.iter().map(url_of).collect::<Vec<_>>());
     let t = Traffic::start(&uri, QUEUE).await;
     let pipelined = t.spawn_pipelined(QUEUE, 2);

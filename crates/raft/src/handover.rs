@@ -2,8 +2,9 @@
 //! transfer-leader`). openraft 0.9 has no call for it, so the leader steers an election:
 //!
 //! 1. It stops serving (clients fail over) and will not serve this term again.
-//! 2. It stops its heartbeats and waits until the target holds its whole log: with no client
-//!    writes and no heartbeats, nothing else reaches the followers.
+//! 2. It waits until the target holds its whole log (at most `CATCH_UP_WAIT_MS`), then stops
+//!    its heartbeats: with no client writes and no heartbeats, nothing else reaches the
+//!    followers.
 //! 3. It waits out openraft's leader lease (the maximum election timeout), after which the
 //!    followers grant votes again, and tells the target to stand at once. The others would
 //!    stand only a full election timeout later, so the target, holding every entry, wins.
@@ -128,7 +129,6 @@ pub(crate) async fn transfer(
         .raft
         .clone();
     handover.surrender(term, format!("handing leadership to member {target}"));
-    raft.runtime_config().heartbeat(false);
     let outcome = steer(raft, term, target, &addr, timing).await;
     raft.runtime_config().heartbeat(true);
     handover.resume();
@@ -175,8 +175,12 @@ async fn steer(
         }
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
-    // Every follower heard from this leader last at about now: a quarter of the shortest
-    // election timeout past the lease, they grant votes, and none stands of its own accord.
+    // Heartbeats stop only now: while the target caught up they kept the others from
+    // standing. No client writes and no heartbeats: nothing more reaches the followers, so
+    // the target still holds the whole log, and every follower heard from this leader last
+    // at about now. A quarter of the shortest election timeout past the lease they grant
+    // votes, and none stands of its own accord.
+    raft.runtime_config().heartbeat(false);
     let wait = timing.lease_ms() + timing.election_timeout_ms / 4;
     tokio::time::sleep(Duration::from_millis(wait)).await;
     crate::client::elect(addr, term)

@@ -189,3 +189,57 @@ pub(crate) async fn watch(raft: Raft, repair: std::sync::Arc<Repair>, can_elect:
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn populated(dir: &Path) {
+        for sub in ["raft-log", "state", "snapshots"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+            std::fs::write(dir.join(sub).join("x"), sub).unwrap();
+        }
+        std::fs::write(dir.join("vote"), "v").unwrap();
+    }
+
+    #[test]
+    fn a_repair_sets_the_log_aside_wipes_the_state_and_keeps_the_vote() {
+        let dir = tempfile::tempdir().unwrap();
+        populated(dir.path());
+        let repair = Repair::resume(dir.path()).unwrap();
+        assert!(!repair.active(), "no marker: no repair");
+        repair.begin("test damage").unwrap();
+        assert!(repair.active());
+        let d = dir.path();
+        assert_eq!(
+            std::fs::read_to_string(d.join("raft-log.damaged/x")).unwrap(),
+            "raft-log"
+        );
+        assert!(!d.join("raft-log").exists());
+        assert!(!d.join("state").exists() && !d.join("snapshots").exists());
+        assert_eq!(std::fs::read_to_string(d.join("vote")).unwrap(), "v");
+        assert_eq!(std::fs::read(d.join(MARKER)).unwrap(), CATCHING_UP);
+        // Restarted while catching up: still repairing, and what it has caught up is kept.
+        populated(d);
+        let again = Repair::resume(d).unwrap();
+        assert!(again.active());
+        assert!(d.join("raft-log/x").exists() && d.join("state/x").exists());
+        again.finish().unwrap();
+        assert!(!again.active() && !d.join(MARKER).exists());
+        assert!(!Repair::resume(d).unwrap().active());
+    }
+
+    #[test]
+    fn a_crash_in_the_middle_of_the_wipe_finishes_it_at_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        populated(d);
+        // The marker was written, then the process died before (or while) wiping.
+        crate::files::write_atomically(&d.join(MARKER), WIPING).unwrap();
+        let repair = Repair::resume(d).unwrap();
+        assert!(repair.active());
+        assert!(d.join("raft-log.damaged/x").exists());
+        assert!(!d.join("raft-log").exists() && !d.join("state").exists());
+        assert_eq!(std::fs::read(d.join(MARKER)).unwrap(), CATCHING_UP);
+    }
+}
