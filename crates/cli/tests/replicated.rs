@@ -137,6 +137,27 @@ fn wait_caught_up(raft: SocketAddr, leader_raft: SocketAddr) {
     }
 }
 
+/// How long the leader's applied index must stay still for the group to count as quiet.
+const QUIET_MS: u64 = 500;
+
+/// Waits until the leader at `leader_raft` has applied nothing new for `QUIET_MS` (trailing
+/// records, such as a closed subscription's, have landed) and every member of `rafts` has
+/// applied what it has: then their state journals can be compared.
+fn wait_quiet_and_caught_up(rafts: &[SocketAddr], leader_raft: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_millis(CATCH_UP_WAIT_MS);
+    loop {
+        let before = status(leader_raft).and_then(|s| s.last_applied_index);
+        for &raft in rafts {
+            wait_caught_up(raft, leader_raft);
+        }
+        std::thread::sleep(Duration::from_millis(QUIET_MS));
+        if status(leader_raft).and_then(|s| s.last_applied_index) == before {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the group never went quiet");
+    }
+}
+
 /// `start_cluster` off the async threads.
 async fn start(
     dir: &std::path::Path,
@@ -324,7 +345,7 @@ async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() 
     // Quiet now: every member has applied everything; the wiped one's journal matches.
     let leader = wait_master_async(&mut b).await;
     let (victim_raft, leader_raft) = (members[victim].raft, members[leader].raft);
-    blocking(move || wait_caught_up(victim_raft, leader_raft)).await;
+    blocking(move || wait_quiet_and_caught_up(&[victim_raft], leader_raft)).await;
     stop_all(&mut b);
     let theirs = state_records(b[victim].data_dir());
     let ours = state_records(b[leader].data_dir());
@@ -546,10 +567,8 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
     drop(sub);
     // Every member, the two that were cut off too, holds the same records at the same LSNs.
     let leader_raft = members[wait_master_async(&mut brokers).await].raft;
-    for m in &members {
-        let raft = m.raft;
-        blocking(move || wait_caught_up(raft, leader_raft)).await;
-    }
+    let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
+    blocking(move || wait_quiet_and_caught_up(&rafts, leader_raft)).await;
     stop_all(&mut brokers);
     let reference = state_records(brokers[new].data_dir());
     for &i in &minority {
@@ -817,10 +836,8 @@ async fn damaged_journals_are_repaired_from_the_other_members_under_load() {
     let mut b = brokers.lock().await;
     assert_exactly_once(&report, &b);
     let leader = wait_master_async(&mut b).await;
-    for &raft in &rafts {
-        let leader_raft = rafts[leader];
-        blocking(move || wait_caught_up(raft, leader_raft)).await;
-    }
+    let leader_raft = rafts[leader];
+    blocking(move || wait_quiet_and_caught_up(&rafts, leader_raft)).await;
     stop_all(&mut b);
     let reference = state_records(b[leader].data_dir());
     for (i, m) in b.iter().enumerate() {

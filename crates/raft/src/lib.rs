@@ -11,6 +11,7 @@
 //! - `network`, `admin`, `client`: the Raft port, for peers and for `haven admin cluster`.
 //! - `handover`: moving leadership to a chosen member (`transfer-leader`).
 //! - `witness`: the bodiless third member of a two-broker group, and the leader's gate for it.
+//! - `runtime`: openraft's async runtime, tokio with a floor under RPC timeouts.
 //! - `repair`: a member whose Raft log is damaged catches up from its peers, not voting meanwhile.
 //! - `node`: one replica, as a `SharedStore`, so `haven_server::run_shared` serves while it leads.
 
@@ -26,6 +27,7 @@ mod log_store;
 pub mod network;
 mod node;
 mod repair;
+pub mod runtime;
 mod snapshot;
 mod state;
 pub mod types;

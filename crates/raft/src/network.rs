@@ -179,7 +179,7 @@ impl PeerNetwork {
         option: &RPCOption,
     ) -> Result<Response, RPCError<NodeId, Member, E>> {
         self.conn
-            .call(&req, option.hard_ttl())
+            .call(&req, crate::runtime::rpc_timeout(option.hard_ttl()))
             .await
             .map_err(|(unreachable, e)| {
                 if unreachable {

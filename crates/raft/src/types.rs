@@ -15,6 +15,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = Member,
         SnapshotData = tokio::fs::File,
+        AsyncRuntime = crate::runtime::HavenRuntime,
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;
