@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Broker STOMP address, host:port (a tcp:// or stomp:// prefix is accepted).
     #[arg(long, default_value = "127.0.0.1:61613")]
     pub url: String,
+    /// Consumers connect here instead of `--url` (a network of brokers: produce on one
+    /// broker, consume on another, and the bridges carry the messages).
+    #[arg(long)]
+    pub consume_url: Option<String>,
     /// CONNECT `login` (omitted when unset).
     #[arg(long)]
     pub login: Option<String>,
@@ -194,17 +198,21 @@ async fn run_load(args: BenchArgs) -> Result<()> {
             .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()) << 48
     });
-    let addr = args
-        .url
-        .trim_start_matches("tcp://")
-        .trim_start_matches("stomp://")
-        .trim_end_matches('/')
-        .to_string();
+    let addr_of = |url: &str| {
+        url.trim_start_matches("tcp://")
+            .trim_start_matches("stomp://")
+            .trim_end_matches('/')
+            .to_string()
+    };
     let connect = stomp::ConnectOptions {
-        addr,
+        addr: addr_of(&args.url),
         login: args.login.clone(),
         passcode: args.passcode.clone(),
         host: args.stomp_host.clone(),
+    };
+    let consume = stomp::ConnectOptions {
+        addr: addr_of(args.consume_url.as_deref().unwrap_or(&args.url)),
+        ..connect.clone()
     };
     let destinations: Vec<String> = if args.queues == 1 {
         vec![args.destination.clone()]
@@ -222,7 +230,7 @@ async fn run_load(args: BenchArgs) -> Result<()> {
     let mut consumers = Vec::new();
     for c in 0..args.consumers {
         let plan = consumer::ConsumerPlan {
-            connect: connect.clone(),
+            connect: consume.clone(),
             destinations: consumer_destinations(&destinations, c, args.consumers),
             ack: args.ack,
             prefetch: args.prefetch,

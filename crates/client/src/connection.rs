@@ -198,6 +198,13 @@ impl Connection {
         self.enqueue(frame).await
     }
 
+    /// Closes the socket at once, without DISCONNECT: the broker treats it as a lost
+    /// connection (unacknowledged messages are delivered again). For callers that give up on
+    /// a connection, such as a network bridge ending a session.
+    pub fn close_now(&self) {
+        self.abandon(ClientError::Closed);
+    }
+
     /// Closes at once without DISCONNECT (the failover client giving up on a broker).
     pub(crate) fn abandon(&self, reason: ClientError) {
         self.inner.shared.close(reason);

@@ -40,6 +40,30 @@ pub struct SubscribeOptions {
     /// `EngineConfig::browse_messages_max`), without consuming them, then a MESSAGE with the
     /// header `browser:end`. Nothing more is delivered to it.
     pub browser: bool,
+    /// Set when a network bridge subscribes on behalf of consumers on other brokers
+    /// (`haven-net-demand` on SUBSCRIBE); None for an application's consumer.
+    pub network: Option<NetworkConsumer>,
+}
+
+/// What a network bridge's subscription stands for: demand for this destination that
+/// reached this broker from consumers elsewhere in the network of brokers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkConsumer {
+    /// The brokers the demand came through, the consumers' own broker first and the broker
+    /// this subscription forwards to last. Never empty.
+    pub demand_path: Vec<String>,
+    /// Subtracted from `priority` when choosing among consumers
+    /// (`decreaseNetworkConsumerPriority`): local consumers with room are served first.
+    pub priority_penalty: u8,
+}
+
+impl NetworkConsumer {
+    /// The broker this subscription forwards to.
+    pub fn to(&self) -> &str {
+        self.demand_path
+            .last()
+            .expect("a demand path is never empty")
+    }
 }
 
 /// Which delivery an ACK or NACK names.

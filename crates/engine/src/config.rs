@@ -85,6 +85,13 @@ pub struct EngineConfig {
     pub producer_idle_ms_max: u64,
     /// Producers remembered at once; a new one beyond it forgets the least recently seen.
     pub producers_max: usize,
+    /// Network origins (`haven-net-origin`: one per message a bridge forwarded here)
+    /// remembered at once, in a table apart from `producers_max`; a new one beyond it forgets
+    /// the least recently seen. At least 1.
+    pub network_origins_max: usize,
+    /// A network origin seen this long ago is forgotten: a bridge resending the message later
+    /// than this stores it again. At least 1.
+    pub network_origin_idle_ms_max: u64,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +118,8 @@ impl Default for EngineConfig {
             scheduled_messages_max: 100_000,
             producer_idle_ms_max: 7 * 24 * 3_600_000,
             producers_max: 100_000,
+            network_origins_max: 100_000,
+            network_origin_idle_ms_max: 600_000,
             boot_id: 0,
         }
     }

@@ -3,15 +3,18 @@
 //! Ownership: every queue lives in `queues` (an arena indexed by `QueueId`); connections hold
 //! subscriptions that point at queues by id; `stored` tracks, for each persistent message held
 //! by a durable queue, which durable queues hold it and the LSN of the record describing it.
+//! `advisories` counts each destination's active consumers for consumer advisories
+//! (`advisory.rs`); it changes only with subscriptions, so replay never touches it.
 
-use crate::command::{AckRef, Command, NewMessage, ProducerSeq, SubscribeOptions};
+use crate::advisory::{self, ConsumerAdvisories, CONSUMER_ADVISORY_PREFIX};
+use crate::command::{AckRef, Command, NetworkConsumer, NewMessage, ProducerSeq, SubscribeOptions};
 use crate::config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
 use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
 use crate::hash::HashMap;
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
-use crate::producers::{ProducerStats, Producers, Released};
+use crate::producers::{is_network_origin, ProducerStats, Producers, Released};
 use crate::queue::{ColdRef, Entry, InFlight, Queue, QueueId};
 use crate::record::{ProducerMark, Record};
 use crate::selector::{message_lookup, Selector};
@@ -81,6 +84,13 @@ struct Sub {
     exclusive: bool,
     /// `activemq.priority`: higher is served first.
     priority: u8,
+    /// A network bridge's subscription on behalf of consumers elsewhere: ranks
+    /// `priority_penalty` below its `priority`, and takes no message back to a broker it was
+    /// on while the queue has a local consumer (see `choose_consumer`).
+    network: Option<NetworkConsumer>,
+    /// The destination consumer advisories count it under, as it was subscribed; None for
+    /// browsers, temporary destinations and advisory topics.
+    advertised_as: Option<Destination>,
     /// Queue consumers only (a topic subscription's selector sits on its queue).
     selector: Option<Selector>,
     ack: AckMode,
@@ -95,6 +105,15 @@ struct Sub {
     /// Private buffer of a non-durable topic subscription, deleted with it.
     private_queue: bool,
     topic: Option<Destination>,
+}
+
+impl Sub {
+    /// The priority it competes with: a network consumer's is lowered by its penalty, so
+    /// local consumers with room are served first.
+    fn effective_priority(&self) -> i16 {
+        let penalty = self.network.as_ref().map_or(0, |n| n.priority_penalty);
+        i16::from(self.priority) - i16::from(penalty)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -175,15 +194,26 @@ pub struct Engine {
     /// Scheduled messages by seq, and their firing order.
     schedules: HashMap<u64, Scheduled>,
     schedule_due: BTreeSet<(u64, u64)>,
-    /// Per-producer sequence marks (exactly-once sends) and who owns each producer.
+    /// Per-producer sequence marks (exactly-once sends) and who owns each producer:
+    /// applications' producers only.
     producers: Producers,
+    /// The same marks for network origins (ids starting with `NETWORK_ORIGIN_PREFIX`: one per
+    /// message a bridge forwarded here, `seq` 1): own limits, no owners. Every use of a mark
+    /// goes through `table`, which picks the table by the id's prefix; live objects and
+    /// records name the id, so both tables share them.
+    origins: Producers,
+    /// Active consumers per destination, for consumer advisories.
+    advisories: ConsumerAdvisories,
 }
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
         let producers = Producers::new(cfg.producer_idle_ms_max, cfg.producers_max);
+        let origins = Producers::new(cfg.network_origin_idle_ms_max, cfg.network_origins_max);
         Engine {
             producers,
+            origins,
+            advisories: ConsumerAdvisories::default(),
             cfg,
             queues: Vec::new(),
             free_queue_ids: Vec::new(),
@@ -231,6 +261,10 @@ impl Engine {
         out: &mut Vec<Output>,
     ) -> Result<(), EngineError> {
         assert!(self.out.is_empty() && self.removes.is_empty() && self.to_dispatch.is_empty());
+        assert!(
+            !self.advisories.has_changes(),
+            "advisories published by the last call"
+        );
         self.lsn = ctx.next_lsn;
         self.now_ms = ctx.now_ms;
         let conn = cmd.conn();
@@ -456,21 +490,48 @@ impl Engine {
         let Some(p) = producer else {
             return Ok(false);
         };
-        let claimed = self.conns[&conn].producer.as_deref();
-        if self.producers.taken_over(&p.producer, conn, claimed) {
-            return Err(EngineError::ProducerTakenOver(p.producer.clone()));
+        // A network origin has no owner (no CONNECT can claim one): any bridge connection
+        // may resend it, and the first copy wins.
+        if !is_network_origin(&p.producer) {
+            let claimed = self.conns[&conn].producer.as_deref();
+            if self.producers.taken_over(&p.producer, conn, claimed) {
+                return Err(EngineError::ProducerTakenOver(p.producer.clone()));
+            }
         }
-        if !self.producers.is_duplicate(&p.producer, p.seq) {
+        let table = self.table(&p.producer);
+        if !table.is_duplicate(&p.producer, p.seq) {
             return Ok(false);
         }
-        self.producers.count_duplicate();
+        table.count_duplicate();
         Ok(true)
+    }
+
+    /// The table that judges producer `id`: network origins have their own, so a bridge's
+    /// traffic neither evicts applications' marks nor is bound by their limits.
+    fn table(&mut self, id: &str) -> &mut Producers {
+        if is_network_origin(id) {
+            &mut self.origins
+        } else {
+            &mut self.producers
+        }
+    }
+
+    /// `table`, to read.
+    fn table_of(&self, id: &str) -> &Producers {
+        if is_network_origin(id) {
+            &self.origins
+        } else {
+            &self.producers
+        }
     }
 
     /// Raises `p`'s mark: in the record at `lsn` (durable), or in memory only (None: nothing
     /// was logged, so after a restart there is nothing a resend could duplicate).
     fn accept_producer(&mut self, p: &ProducerSeq, lsn: Option<u64>) {
-        let released = self.producers.accept(&p.producer, p.seq, self.now_ms, lsn);
+        let now_ms = self.now_ms;
+        let released = self
+            .table(&p.producer)
+            .accept(&p.producer, p.seq, now_ms, lsn);
         self.release_producers(released);
         if let Some(lsn) = lsn {
             self.live
@@ -492,8 +553,10 @@ impl Engine {
         }
     }
 
-    /// Dispatches what became possible and logs the removes gathered during the call.
+    /// Publishes the call's consumer advisories, dispatches what became possible and logs the
+    /// removes gathered during the call.
     fn finish(&mut self) {
+        self.publish_advisories();
         // Dispatching can add removes (expiry) and, when expired messages go to the DLQ, make
         // the DLQ dispatchable: a second round handles it. The DLQ never dead-letters into
         // itself, so rounds are few.
@@ -539,6 +602,9 @@ impl Engine {
             }
         }
         if let Some(p) = &producer {
+            if is_network_origin(p) {
+                return Err(EngineError::NetworkOriginClaimed(p.clone()));
+            }
             self.producers.claim(p, conn, session)?;
         }
         if let Some(id) = &client_id {
@@ -715,14 +781,21 @@ impl Engine {
             }
             None => vec![queue],
         };
+        let network = options.network.is_some();
         for &q in &queues {
-            self.queue_mut(q).consumers.push((conn, sub_id.clone()));
+            self.queue_mut(q)
+                .add_consumer(conn, sub_id.clone(), network);
         }
         let queue_selector = if durable.is_none() && !private_queue {
             options.selector
         } else {
             None
         };
+        let advertised_as = advisory::advertised(&destination).then(|| destination.clone());
+        if let Some(d) = &advertised_as {
+            self.advisories
+                .add(d, conn, &sub_id, options.network.as_ref());
+        }
         let sub = Sub {
             queues: queues.clone(),
             queue_pattern,
@@ -736,6 +809,8 @@ impl Engine {
             topic,
             exclusive: options.exclusive,
             priority: options.priority,
+            network: options.network,
+            advertised_as,
             selector: queue_selector,
         };
         self.conns
@@ -743,6 +818,11 @@ impl Engine {
             .expect("checked")
             .subs
             .insert(sub_id, sub);
+        if let Destination::Topic(name) = &destination {
+            if name.starts_with(CONSUMER_ADVISORY_PREFIX) {
+                self.advisory_snapshot(queue, name);
+            }
+        }
         self.to_dispatch.extend(queues);
         Ok(())
     }
@@ -838,9 +918,11 @@ impl Engine {
             }),
             exclusive: false,
             priority: 0,
+            network: None,
+            advertised_as: None,
             selector: None,
         };
-        self.queue_mut(q).consumers.push((conn, sub_id.clone()));
+        self.queue_mut(q).add_consumer(conn, sub_id.clone(), false);
         self.conns
             .get_mut(&conn)
             .expect("checked")
@@ -892,8 +974,16 @@ impl Engine {
     fn drop_subscription(&mut self, conn: ConnId, sub_id: &str) {
         let c = self.conns.get_mut(&conn).expect("known connection");
         let tags: Vec<u64> = c.subs[sub_id].tags.keys().copied().collect();
+        // A bridge that goes away has not failed its messages (its remote consumers never saw
+        // them): they must not count toward the dead-letter queue, or a flapping network link
+        // would dead-letter healthy messages.
+        let failed = c.subs[sub_id].network.is_none();
         for tag in tags {
-            self.release(conn, tag);
+            if failed {
+                self.release(conn, tag);
+            } else {
+                self.give_back(conn, tag);
+            }
         }
         let c = self.conns.get_mut(&conn).expect("known connection");
         let sub = c.subs.remove(sub_id).expect("known subscription");
@@ -902,16 +992,12 @@ impl Engine {
             self.wildcard_queue_subs
                 .retain(|(_, cc, s)| !(*cc == conn && s == sub_id));
         }
+        let network = sub.network.is_some();
         for &q in &sub.queues {
-            let queue = self.queue_mut(q);
-            queue
-                .consumers
-                .retain(|(cc, s)| !(*cc == conn && s == sub_id));
-            // Its groups move to whichever consumer gets their next message.
-            queue
-                .groups
-                .retain(|_, (cc, s)| !(*cc == conn && s == sub_id));
-            queue.next_consumer = 0;
+            self.queue_mut(q).remove_consumer(conn, sub_id, network);
+        }
+        if let Some(d) = &sub.advertised_as {
+            self.advisories.remove(d, conn, sub_id);
         }
         if sub.private_queue {
             let q = sub.queues[0];
@@ -920,6 +1006,8 @@ impl Engine {
             let mut queue = self.remove_queue(q);
             drop(queue.drain_all().entries);
         } else {
+            // Also when the last local consumer left: what the return rule held back may now
+            // go to network consumers.
             self.to_dispatch.extend(sub.queues);
         }
     }
@@ -1418,6 +1506,21 @@ impl Engine {
         }
     }
 
+    /// A delivery returned unconsumed through no fault of the message (a network bridge's
+    /// subscription ending): waiting again at once, redelivered, its failure count unchanged.
+    fn give_back(&mut self, conn: ConnId, tag: u64) {
+        let (q, seq) = self.take_delivery(conn, tag);
+        let mut entry = self
+            .queue_mut(q)
+            .inflight
+            .remove(&seq)
+            .expect("in flight")
+            .entry;
+        entry.redelivered = true;
+        entry.deliveries = entry.deliveries.saturating_sub(1);
+        self.queue_mut(q).push(entry);
+    }
+
     /// The redelivery settings for messages sent to `destination`.
     fn redelivery_policy(&self, destination: &Destination) -> RedeliveryPolicy {
         let found =
@@ -1464,6 +1567,8 @@ impl Engine {
         }
         self.fire_due();
         let released = self.producers.forget_idle(ctx.now_ms);
+        self.release_producers(released);
+        let released = self.origins.forget_idle(ctx.now_ms);
         self.release_producers(released);
         self.finish();
         out.append(&mut self.out);
@@ -1581,7 +1686,10 @@ impl Engine {
         }
         self.page_in(q);
         let queue = self.queues[q].as_ref().expect("live queue");
+        // The return rule (see `choose_consumer`) looks at each message, so it needs this
+        // path, but only while network and local consumers share the queue.
         let selective = queue.grouped_waiting > 0
+            || (queue.network_consumers() > 0 && queue.has_local_consumer())
             || queue
                 .consumers
                 .iter()
@@ -1615,10 +1723,17 @@ impl Engine {
         }
     }
 
-    /// Dispatch when some consumer has a selector: each waiting message, in order, goes to a
-    /// consumer whose selector takes it; messages nobody selects wait (they do not block
-    /// later ones). At most `SELECTOR_SCAN_MAX` waiting messages are looked at per call.
+    /// Dispatch when some consumer has a selector, messages have groups, or network and local
+    /// consumers share the queue: each waiting message, in order, goes to a consumer that
+    /// takes it; messages nobody takes wait (they do not block later ones). At most
+    /// `SELECTOR_SCAN_MAX` waiting messages are looked at per call.
     fn dispatch_selective(&mut self, q: QueueId) {
+        // Nobody has room: the loop below would stop at the first message that has not
+        // expired, so stop before copying the head. The only difference: expired messages at
+        // the head stay until a consumer has room, as on the fast path (`dispatch`).
+        if self.choose_consumer(self.queue(q), None).is_none() {
+            return;
+        }
         let head = self.queue(q).ready_head(SELECTOR_SCAN_MAX);
         for msg in head {
             if msg.is_expired(self.now_ms) {
@@ -1654,19 +1769,32 @@ impl Engine {
 
     /// Which consumer gets the next message: the first exclusive consumer if there is one (it
     /// alone, even when its prefetch is full); otherwise, among consumers with prefetch room,
-    /// the highest priority, round-robin within it.
-    /// With `msg`, only consumers whose selector (if any) selects it count.
+    /// the highest effective priority (a network consumer's lowered by its penalty),
+    /// round-robin within it.
+    ///
+    /// With `msg`, only consumers that take it count: their selector (if any) selects it, and
+    /// the return rule (ActiveMQ's `replayWhenNoConsumers`): a network consumer does not take
+    /// a message back to a broker it was on (its `haven-net-path` names the consumer's `to`)
+    /// while the queue has a local consumer — it waits for that one, however slow, so
+    /// messages do not bounce between brokers. With no local consumer left, the consumers
+    /// have moved, and it may go back. (A topic subscription's queue has one consumer, so the
+    /// rule never applies there: a bridge filters topic copies itself.)
     fn choose_consumer(&self, queue: &Queue, msg: Option<&Message>) -> Option<usize> {
         let sub = |i: usize| {
             let (conn, sub_id) = &queue.consumers[i];
             &self.conns[conn].subs[sub_id]
         };
-        let takes = |s: &Sub| match (msg, &s.selector) {
-            (Some(m), Some(selector)) => {
-                let lookup = message_lookup(m);
-                selector.matches(&lookup)
+        let has_local = queue.has_local_consumer();
+        let takes = |s: &Sub| {
+            let Some(m) = msg else {
+                return true;
+            };
+            if let Some(selector) = &s.selector {
+                if !selector.matches(&message_lookup(m)) {
+                    return false;
+                }
             }
-            _ => true,
+            !(has_local && s.network.as_ref().is_some_and(|n| m.has_been_on(n.to())))
         };
         let n = queue.consumers.len();
         if let Some(owner) = msg.and_then(|m| queue.groups.get(m.group()?)) {
@@ -1683,14 +1811,82 @@ impl Engine {
             let s = sub(i);
             return (s.inflight < s.prefetch && takes(s)).then_some(i);
         }
-        let mut best: Option<(u8, usize)> = None;
+        let mut best: Option<(i16, usize)> = None;
         for i in (0..n).map(|k| (queue.next_consumer + k) % n) {
             let s = sub(i);
-            if s.inflight < s.prefetch && best.is_none_or(|(p, _)| s.priority > p) && takes(s) {
-                best = Some((s.priority, i));
+            let priority = s.effective_priority();
+            if s.inflight < s.prefetch && best.is_none_or(|(p, _)| priority > p) && takes(s) {
+                best = Some((priority, i));
             }
         }
         best.map(|(_, i)| i)
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Consumer advisories (bookkeeping in `advisory.rs`)
+
+    /// Publishes one advisory for each destination whose consumers changed during this call,
+    /// on its advisory topic, if that topic has a subscriber (otherwise nothing is built). The
+    /// message is non-persistent and routed without spilling, so no record is written.
+    fn publish_advisories(&mut self) {
+        if !self.advisories.has_changes() {
+            return;
+        }
+        assert!(!self.replaying, "replay makes no advisories");
+        for about in self.advisories.take_changed() {
+            let topic = advisory::advisory_topic(&about);
+            if self.topic_targets(&topic).is_empty() {
+                continue;
+            }
+            let msg = self.advisory_message(&topic, &about);
+            let lsn = self.lsn;
+            // The sender only matters for temporary queues; an advisory goes to a topic.
+            let holders = self.route(0, &topic, msg, lsn, false);
+            assert!(
+                holders.is_empty() && self.lsn == lsn,
+                "an advisory is never logged"
+            );
+        }
+    }
+
+    /// A new subscription to the consumer advisory topic(s) `pattern`, buffered in queue `q`:
+    /// it alone gets one advisory per destination that has consumers now and whose advisory
+    /// topic the pattern matches, in a fixed order (destination kind, then name).
+    fn advisory_snapshot(&mut self, q: QueueId, pattern: &str) {
+        let pending_max = self.cfg.topic_subscriber_pending_max;
+        for about in self.advisories.matching(pattern) {
+            let topic = advisory::advisory_topic(&about);
+            let msg = self.advisory_message(&topic, &about);
+            if let Some(selector) = &self.queue(q).selector {
+                if !selector.matches(&message_lookup(&msg)) {
+                    continue;
+                }
+            }
+            let entry = Entry {
+                msg,
+                deliveries: 0,
+                redelivered: false,
+            };
+            self.enqueue(q, entry);
+            // The bound of a topic subscriber's buffer, as in `route`.
+            let queue = self.queue_mut(q);
+            if matches!(queue.key, QueueKey::TopicSub { .. }) && queue.ready_len() > pending_max {
+                queue.pop();
+            }
+        }
+        self.to_dispatch.insert(q);
+    }
+
+    /// The advisory about `about`'s consumers as they are now, numbered for `topic`.
+    fn advisory_message(&mut self, topic: &Destination, about: &Destination) -> Arc<Message> {
+        let message = NewMessage {
+            headers: self.advisories.headers(about),
+            body: bytes::Bytes::new(),
+            persistent: false,
+            priority: 4,
+            expires_ms: 0,
+        };
+        self.number(topic, message)
     }
 
     fn deliver(&mut self, q: QueueId, conn: ConnId, sub_id: &str, mut entry: Entry) {
@@ -1799,11 +1995,11 @@ impl Engine {
                     .and_then(|c| c.subs.get_mut(&sub_id))
                     .expect("wildcard consumers are live subscriptions");
                 sub.queues.push(q);
+                let network = sub.network.is_some();
                 self.queues[q]
                     .as_mut()
                     .expect("just added")
-                    .consumers
-                    .push((conn, sub_id));
+                    .add_consumer(conn, sub_id, network);
             }
         }
         self.queue_ids.insert(key, q);
@@ -2183,7 +2379,7 @@ impl Engine {
     /// The record at `lsn` sets a producer's mark (the newest record wins; eviction beyond
     /// `producers_max` applies as live, idle forgetting at the first tick).
     fn replay_producer(&mut self, mark: &ProducerMark, lsn: u64) {
-        let released = self.producers.replay(mark, lsn);
+        let released = self.table(&mark.producer).replay(mark, lsn);
         self.release_producers(released);
         self.live
             .insert(lsn, LiveObject::Producer(mark.producer.clone()));
@@ -2291,11 +2487,11 @@ impl Engine {
                 }
                 LiveObject::Producer(id) => {
                     let mark = self
-                        .producers
+                        .table_of(&id)
                         .durable_mark(&id)
                         .expect("live producer has a durable mark");
                     let new = self.log(Record::ProducerState { mark });
-                    let old = self.producers.relogged(&id, new);
+                    let old = self.table(&id).relogged(&id, new);
                     assert_eq!(old, lsn, "live set and producer table disagree");
                     self.live.remove(old, &LiveObject::Producer(id.clone()));
                     self.live.insert(new, LiveObject::Producer(id));
@@ -2375,21 +2571,33 @@ impl Engine {
             .count()
     }
 
-    /// Producer → (seq, seen_ms) as the log has it: equal before a crash and after replay
+    /// Producer → (seq, seen_ms) as the log has it, applications' producers and network
+    /// origins alike (their ids differ by prefix): equal before a crash and after replay
     /// (with the same forgetting applied), like [`Engine::durable_contents`].
     pub fn durable_producers(&self) -> BTreeMap<String, (u64, u64)> {
-        self.producers.durable_marks()
+        let mut marks = self.producers.durable_marks();
+        marks.extend(self.origins.durable_marks());
+        marks
     }
 
-    /// The high-water mark of `producer` (0 if unknown): what CONNECTED reports in
-    /// `haven-seq`. The caller must not report it before every record appended so far is
-    /// durable (the record that raised it may be among them).
+    /// The high-water mark of `producer` (0 if unknown), from the table its id belongs to (a
+    /// network origin's is 1 once seen). For an application's producer, what CONNECTED
+    /// reports in `haven-seq`: the caller must not report it before every record appended so
+    /// far is durable (the record that raised it may be among them).
     pub fn producer_hwm(&self, producer: &str) -> u64 {
-        self.producers.hwm(producer)
+        self.table_of(producer).hwm(producer)
     }
 
+    /// Applications' producers (`haven-producer`); network origins are counted apart, in
+    /// [`Engine::origin_stats`].
     pub fn producer_stats(&self) -> ProducerStats {
         self.producers.stats()
+    }
+
+    /// Network origins (`haven-net-origin` of forwarded messages): `producers` is the origins
+    /// remembered, `duplicates_dropped_total` the forwarded SENDs answered as duplicates.
+    pub fn origin_stats(&self) -> ProducerStats {
+        self.origins.stats()
     }
 
     pub fn connection_count(&self) -> usize {
@@ -2398,9 +2606,11 @@ impl Engine {
 
     /// Checks cross-structure invariants; for tests and simulation (O(state)).
     pub fn check_invariants(&self) {
+        let mut advertised = 0;
         for (conn, c) in &self.conns {
             let mut tags = 0;
             for (sub_id, sub) in &c.subs {
+                advertised += usize::from(sub.advertised_as.is_some());
                 for &q in &sub.queues {
                     assert!(
                         self.queue(q)
@@ -2424,6 +2634,23 @@ impl Engine {
                 tags += sub.tags.len();
             }
             assert_eq!(tags, c.deliveries.len());
+        }
+        assert_eq!(
+            advertised,
+            self.advisories.consumer_count(),
+            "advisories count other consumers than the subscriptions"
+        );
+        for queue in self.queues.iter().flatten() {
+            let network = queue
+                .consumers
+                .iter()
+                .filter(|(c, s)| self.conns[c].subs[s].network.is_some())
+                .count();
+            assert_eq!(
+                network,
+                queue.network_consumers(),
+                "network consumers miscounted"
+            );
         }
         for (seq, s) in &self.stored {
             assert!(!s.holders.is_empty());
@@ -2449,13 +2676,26 @@ impl Engine {
                 + self.schedules.len()
                 + self.declared_queue_count()
                 + self.producers.durable_count()
+                + self.origins.durable_count()
         );
         self.producers.check_invariants();
+        self.origins.check_invariants();
         let marks: BTreeSet<(u64, String)> = self
             .producers
             .durable_lsns()
+            .chain(self.origins.durable_lsns())
             .map(|(lsn, id)| (lsn, id.to_string()))
             .collect();
+        assert!(
+            self.producers
+                .durable_lsns()
+                .all(|(_, id)| !is_network_origin(id))
+                && self
+                    .origins
+                    .durable_lsns()
+                    .all(|(_, id)| is_network_origin(id)),
+            "a mark in the wrong producer table"
+        );
         assert_eq!(&marks, self.live.producers(), "producer marks not live");
         for (q, queue) in self.queues.iter().enumerate() {
             if queue.as_ref().is_some_and(|queue| queue.is_paging()) {

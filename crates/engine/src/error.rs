@@ -53,6 +53,8 @@ pub enum EngineError {
     ProducerTakenOver(String),
     #[error("producer '{0}' is in use by a newer session of its client (a CONNECT that arrived late); this connection is refused")]
     StaleSession(String),
+    #[error("producer id '{0}' names a network origin (prefix '{prefix}'); a CONNECT cannot claim it", prefix = crate::NETWORK_ORIGIN_PREFIX)]
+    NetworkOriginClaimed(String),
     #[error("temporary destination belongs to another connection")]
     NotOwner,
     #[error(transparent)]

@@ -14,6 +14,7 @@
 //! gives the rule of the architecture — nothing is acknowledged or dispatched before the log
 //! has it — while one pipeline serves every topology.
 
+mod advisory;
 mod cold;
 mod command;
 mod config;
@@ -30,13 +31,13 @@ pub mod record;
 pub mod selector;
 mod types;
 
-pub use command::{AckRef, Command, NewMessage, ProducerSeq, SubscribeOptions};
+pub use command::{AckRef, Command, NetworkConsumer, NewMessage, ProducerSeq, SubscribeOptions};
 pub use config::{DestinationLimits, DlqPolicy, EngineConfig, RedeliveryPolicy};
 pub use effect::{Delivery, Effect, Output};
 pub use engine::{Ctx, Engine, MemoryStats, MessageLoader, QueueStats};
 pub use error::EngineError;
 pub use message::Message;
-pub use producers::{ProducerStats, PRODUCER_ID_BYTES_MAX};
+pub use producers::{ProducerStats, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX};
 pub use record::{ProducerMark, Record, ScheduleState};
 pub use types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination,

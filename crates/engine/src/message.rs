@@ -41,6 +41,14 @@ impl Message {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Whether a network bridge forwarded it here from `broker`, or through it: `broker` is
+    /// one of the comma-separated names in `haven-net-path` (the brokers it was on before this
+    /// one). The return rule of network consumers reads it.
+    pub fn has_been_on(&self, broker: &str) -> bool {
+        self.header(NET_PATH_HEADER)
+            .is_some_and(|path| path.split(',').any(|b| b.trim() == broker))
+    }
+
     /// The first occurrence of a producer header.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -65,7 +73,44 @@ impl Message {
     }
 }
 
+/// The brokers a forwarded message was on before this one, oldest first, joined by `,`
+/// (set by the bridge that forwards it).
+pub(crate) const NET_PATH_HEADER: &str = "haven-net-path";
+
 /// Memory a header costs beyond its text: two `String`s and their heap blocks.
 const HEADER_OVERHEAD_BYTES: usize = 96;
 /// Memory a held message costs beyond its body and headers.
 const MESSAGE_OVERHEAD_BYTES: usize = 768;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_path(path: &str) -> Message {
+        Message {
+            seq: 1,
+            id: "ID:haven-1".into(),
+            destination: Destination::Queue("q".into()),
+            headers: vec![(NET_PATH_HEADER.into(), path.into())],
+            body: Bytes::new(),
+            persistent: true,
+            priority: 4,
+            expires_ms: 0,
+            timestamp_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_path_names_whole_brokers() {
+        let m = with_path("A,B");
+        assert!(m.has_been_on("A") && m.has_been_on("B"));
+        assert!(!m.has_been_on("AB") && !m.has_been_on(""));
+        assert!(
+            with_path("A, B").has_been_on("B"),
+            "spaces around names are ignored"
+        );
+        let mut local = with_path("A");
+        local.headers.clear();
+        assert!(!local.has_been_on("A"), "a message sent here has no path");
+    }
+}

@@ -20,6 +20,11 @@
 //!
 //! Fencing is volatile and lives here too: the connection that most recently CONNECTed with
 //! `haven-producer: P` owns P; an older session that claimed P may no longer use it.
+//!
+//! The engine keeps two tables of this type: applications' producers, and network origins
+//! (ids starting with `NETWORK_ORIGIN_PREFIX`: one per message a bridge forwarded, always
+//! `seq` 1, so the mark says "this message arrived"). Origins have their own limits, since a
+//! bridge's traffic makes one per message, and no owners: no CONNECT may claim one.
 
 use crate::hash::HashMap;
 use crate::record::ProducerMark;
@@ -29,6 +34,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Longest `haven-producer` id, in bytes: ids are kept in memory and in every record.
 pub const PRODUCER_ID_BYTES_MAX: usize = 128;
+
+/// Producer ids with this prefix are network origins: a message a bridge forwarded, named by
+/// the store and message id it had on the broker it came from (`haven-net-origin`). They are
+/// judged by their own table (no ownership), so a bridge's traffic never evicts the marks of
+/// applications' producers.
+pub const NETWORK_ORIGIN_PREFIX: &str = "haven-net:";
+
+/// Whether `id` names a network origin rather than an application's producer.
+pub(crate) fn is_network_origin(id: &str) -> bool {
+    id.starts_with(NETWORK_ORIGIN_PREFIX)
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Producer {

@@ -53,8 +53,12 @@ pub(crate) struct Queue {
     ready: BTreeMap<(Reverse<u8>, u64), Entry>,
     /// Handed to a consumer, not yet acknowledged.
     pub inflight: HashMap<u64, InFlight>,
-    /// (connection, subscription id), in the order they subscribed.
+    /// (connection, subscription id), in the order they subscribed. Changed only through
+    /// `add_consumer` / `remove_consumer`, which keep `network_consumers`.
     pub consumers: Vec<(ConnId, String)>,
+    /// How many of `consumers` are network bridges' (`SubscribeOptions::network`); the rest
+    /// are local. Dispatch applies the return rule only while both kinds are present.
+    network_consumers: usize,
     /// Round-robin position in `consumers`.
     pub next_consumer: usize,
     /// Durable subscriptions: the topic (None only transiently during replay, when a re-logged
@@ -92,6 +96,7 @@ impl Queue {
             ready: BTreeMap::new(),
             inflight: HashMap::default(),
             consumers: Vec::new(),
+            network_consumers: 0,
             next_consumer: 0,
             topic: None,
             record_lsn: 0,
@@ -106,6 +111,44 @@ impl Queue {
             tail_bytes: 0,
             hot_bytes_total,
         }
+    }
+
+    pub fn add_consumer(&mut self, conn: ConnId, sub_id: String, network: bool) {
+        debug_assert!(
+            !self
+                .consumers
+                .iter()
+                .any(|(c, s)| *c == conn && *s == sub_id),
+            "consumer attached twice"
+        );
+        self.consumers.push((conn, sub_id));
+        self.network_consumers += usize::from(network);
+    }
+
+    /// Detaches a consumer (which must be attached): its message groups go to whichever
+    /// consumer gets their next message, and round-robin starts over.
+    pub fn remove_consumer(&mut self, conn: ConnId, sub_id: &str, network: bool) {
+        let before = self.consumers.len();
+        self.consumers.retain(|(c, s)| !(*c == conn && s == sub_id));
+        assert_eq!(self.consumers.len() + 1, before, "consumer attached once");
+        if network {
+            assert!(
+                self.network_consumers > 0,
+                "network consumer count underflow"
+            );
+            self.network_consumers -= 1;
+        }
+        self.groups.retain(|_, (c, s)| !(*c == conn && s == sub_id));
+        self.next_consumer = 0;
+    }
+
+    pub fn network_consumers(&self) -> usize {
+        self.network_consumers
+    }
+
+    /// Whether a consumer that is not a network bridge's is attached.
+    pub fn has_local_consumer(&self) -> bool {
+        self.consumers.len() > self.network_consumers
     }
 
     fn add_ready_bytes(&mut self, bytes: u64) {
@@ -316,5 +359,27 @@ impl Drop for Queue {
         // The shared total must not keep counting a queue that is gone.
         self.hot_bytes_total
             .fetch_sub(self.ready_bytes + self.tail_bytes, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_and_network_consumers_are_counted_apart() {
+        let mut q = Queue::new(QueueKey::Queue("q".into()), Arc::default());
+        q.add_consumer(1, "bridge".into(), true);
+        assert!(q.network_consumers() == 1 && !q.has_local_consumer());
+        q.add_consumer(2, "app".into(), false);
+        assert!(q.has_local_consumer());
+        q.groups.insert("g".into(), (2, "app".into()));
+        q.next_consumer = 1;
+        q.remove_consumer(2, "app", false);
+        assert!(!q.has_local_consumer() && q.network_consumers() == 1);
+        assert!(q.groups.is_empty(), "its groups are released");
+        assert_eq!(q.next_consumer, 0);
+        q.remove_consumer(1, "bridge", true);
+        assert_eq!((q.consumers.len(), q.network_consumers()), (0, 0));
     }
 }

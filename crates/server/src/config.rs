@@ -16,6 +16,8 @@ pub struct Config {
     pub users: Vec<User>,
     pub cluster: ClusterConfig,
     pub ha: HaConfig,
+    /// `[[network]]`: connectors to other brokers (docs/NETWORK.md).
+    pub network: Vec<NetworkConnector>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -131,6 +133,11 @@ pub struct LimitsConfig {
     pub producer_idle_ms_max: u64,
     /// Producers remembered at once; a new one beyond it forgets the least recently seen.
     pub producers_max: usize,
+    /// Messages forwarded by network bridges whose origin is remembered, so that a bridge's
+    /// resend after a failure is stored once (oldest forgotten first).
+    pub network_origins_max: usize,
+    /// A remembered origin is forgotten after this long.
+    pub network_origin_idle_ms_max: u64,
     /// Per-destination limits (`[[limits.destination]]`), first match wins.
     pub destination: Vec<DestinationLimitsConfig>,
 }
@@ -349,13 +356,79 @@ impl Default for LimitsConfig {
             scheduled_messages_max: 100_000,
             producer_idle_ms_max: 7 * 24 * 3_600_000,
             producers_max: 100_000,
+            network_origins_max: 100_000,
+            network_origin_idle_ms_max: 600_000,
             destination: Vec::new(),
         }
     }
 }
 
+/// `[[network]]`: one network connector, with ActiveMQ's options under snake_case names.
+/// Messages flow from this broker to the remote one while the remote has consumers for them
+/// (and, with `duplex`, the other way over the same connection).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkConnector {
+    /// For log lines; default `uri`.
+    pub name: String,
+    /// `static:(tcp://b:61613,tcp://c:61613)`: one bridge to each broker listed;
+    /// `failover:(tcp://b1:61613,tcp://b2:61613)`: one bridge to whichever of an HA group
+    /// serves; `tcp://b:61613`: one bridge.
+    pub uri: String,
+    /// CONNECT credentials on the remote broker.
+    pub login: Option<String>,
+    pub passcode: Option<String>,
+    /// `networkTTL`: how many bridges demand and messages may cross (1: neighbours only).
+    pub network_ttl: u32,
+    /// `duplex`: this connection also carries messages from the remote broker to consumers
+    /// here; the remote broker needs no connector of its own.
+    pub duplex: bool,
+    /// `conduitSubscriptions`: one subscription per destination for all the consumers of a
+    /// remote broker, instead of one per remote consumer.
+    pub conduit_subscriptions: bool,
+    /// `decreaseNetworkConsumerPriority`: consumers on this broker are served before the
+    /// bridge (by 5 priority points per hop the demand came).
+    pub decrease_network_consumer_priority: bool,
+    /// `prefetchSize`: messages in flight per bridge subscription.
+    pub prefetch_size: u32,
+    /// Always forwarded, consumers on the remote broker or not (`/queue/X`, `/topic/X`,
+    /// wildcards allowed).
+    pub statically_included_destinations: Vec<String>,
+    /// Forwarded on demand; empty means every destination.
+    pub dynamically_included_destinations: Vec<String>,
+    /// Never forwarded; wins over both include lists.
+    pub excluded_destinations: Vec<String>,
+    /// `bridgeTempDestinations`: replies to temporary destinations cross the network.
+    pub bridge_temp_destinations: bool,
+    /// First wait before reconnecting a broken bridge; doubles up to `reconnect_delay_max_ms`.
+    pub reconnect_delay_ms: u64,
+    pub reconnect_delay_max_ms: u64,
+}
+
+impl Default for NetworkConnector {
+    fn default() -> Self {
+        NetworkConnector {
+            name: String::new(),
+            uri: String::new(),
+            login: None,
+            passcode: None,
+            network_ttl: 1,
+            duplex: false,
+            conduit_subscriptions: true,
+            decrease_network_consumer_priority: false,
+            prefetch_size: 1000,
+            statically_included_destinations: Vec::new(),
+            dynamically_included_destinations: Vec::new(),
+            excluded_destinations: Vec::new(),
+            bridge_temp_destinations: true,
+            reconnect_delay_ms: 100,
+            reconnect_delay_max_ms: 5_000,
+        }
+    }
+}
+
 /// `/queue/NAME` or `/topic/NAME`, NAME non-empty.
-fn is_destination_pattern(text: &str) -> bool {
+pub(crate) fn is_destination_pattern(text: &str) -> bool {
     (text.starts_with("/queue/") || text.starts_with("/topic/")) && text.len() >= 8
 }
 
@@ -590,6 +663,12 @@ impl Config {
         if l.producers_max == 0 {
             return invalid("limits.producers_max", "must be at least 1".into());
         }
+        if l.network_origins_max == 0 || l.network_origin_idle_ms_max == 0 {
+            return invalid(
+                "limits.network_origins_max",
+                "network_origins_max and network_origin_idle_ms_max must be at least 1".into(),
+            );
+        }
         for p in &l.destination {
             if !is_destination_pattern(&p.destination) {
                 return invalid(
@@ -650,6 +729,11 @@ impl Config {
         }
         if let Err(e) = crate::cluster::check(&self.cluster) {
             return invalid(e.key(), e.to_string());
+        }
+        for n in &self.network {
+            if let Err((key, reason)) = crate::network::check(&self.broker.name, n) {
+                return invalid(key, reason);
+            }
         }
         Ok(())
     }

@@ -12,11 +12,12 @@ use crate::cluster::{self, ClusterFeed, ClusterHandle};
 use crate::config::Config;
 use crate::core::{CoreMsg, Outbound};
 use crate::net::{Accepted, ReadHalf, WriteHalf};
+use crate::network::headers::{BROKER_HEADER, DEMAND_HEADER, ORIGIN_HEADER, PENALTY_HEADER};
 use futures::{SinkExt, StreamExt};
 use haven_engine::selector::Selector;
 use haven_engine::{
-    AckMode, AckRef, Command, ConnId, Delivery, Destination, NewMessage, ProducerSeq,
-    SubscribeOptions, PRODUCER_ID_BYTES_MAX,
+    AckMode, AckRef, Command, ConnId, Delivery, Destination, NetworkConsumer, NewMessage,
+    ProducerSeq, SubscribeOptions, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX,
 };
 use haven_stomp::{Command as Cmd, Frame, Item, Limits, StompCodec, Version};
 use std::sync::Arc;
@@ -256,6 +257,7 @@ async fn handshake(
         connected.push_header("heart-beat", format!("{sx},{sy}"));
     }
     connected.push_header("haven-store", shared.store_id.as_str());
+    connected.push_header(BROKER_HEADER, shared.config.broker.name.as_str());
     if producer.is_some() {
         connected.push_header("haven-seq", producer_hwm.to_string());
     }
@@ -478,7 +480,60 @@ fn producer_id(id: &str) -> Result<String, String> {
             id.len()
         ));
     }
+    if id.starts_with(NETWORK_ORIGIN_PREFIX) {
+        return Err(format!(
+            "haven-producer may not begin with '{NETWORK_ORIGIN_PREFIX}' (reserved for \
+             haven-net-origin)"
+        ));
+    }
     Ok(id.to_string())
+}
+
+/// `haven-net-origin`: names one message for duplicate detection, whoever sends it; a second
+/// SEND with the same origin is answered and not stored. Bridges set it to the store and
+/// message id the message had on the broker it came from. Judged like a producer of its own
+/// whose only sequence number is 1 (see the engine's `NETWORK_ORIGIN_PREFIX`).
+fn origin_seq(frame: &Frame) -> Result<Option<ProducerSeq>, String> {
+    let Some(origin) = frame.header(ORIGIN_HEADER) else {
+        return Ok(None);
+    };
+    let producer = format!("{NETWORK_ORIGIN_PREFIX}{origin}");
+    if origin.is_empty() || producer.len() > PRODUCER_ID_BYTES_MAX {
+        return Err(format!(
+            "{ORIGIN_HEADER} must be 1 to {} bytes, not {} bytes",
+            PRODUCER_ID_BYTES_MAX - NETWORK_ORIGIN_PREFIX.len(),
+            origin.len()
+        ));
+    }
+    if frame.header("haven-producer").is_some() {
+        return Err(format!(
+            "a SEND carries either {ORIGIN_HEADER} or haven-producer/haven-seq, not both"
+        ));
+    }
+    Ok(Some(ProducerSeq { producer, seq: 1 }))
+}
+
+/// `haven-net-demand` (and `haven-net-priority-penalty`) on SUBSCRIBE: a network bridge
+/// subscribing on behalf of consumers on other brokers (see `network/`).
+fn network_consumer(frame: &Frame) -> Result<Option<NetworkConsumer>, String> {
+    let Some(path) = frame.header(DEMAND_HEADER) else {
+        return Ok(None);
+    };
+    let demand_path = crate::network::path::parse(path)
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| {
+            format!("{DEMAND_HEADER} must be a comma-separated list of broker names, not '{path}'")
+        })?;
+    let priority_penalty = match frame.header(PENALTY_HEADER) {
+        None => 0,
+        Some(v) => v
+            .parse::<u8>()
+            .map_err(|_| format!("{PENALTY_HEADER} must be an integer 0-255, not '{v}'"))?,
+    };
+    Ok(Some(NetworkConsumer {
+        demand_path,
+        priority_penalty,
+    }))
 }
 
 /// Exactly-once sends: `haven-producer` and `haven-seq` (a decimal u64 of at least 1), both
@@ -604,7 +659,10 @@ fn translate(
             // producer headers are plain headers there (not interpreted, not checked).
             let producer = match transaction {
                 Some(_) => None,
-                None => producer_seq(frame)?,
+                None => match origin_seq(frame)? {
+                    Some(origin) => Some(origin),
+                    None => producer_seq(frame)?,
+                },
             };
             if composite.len() > 1 {
                 if producer.is_some() {
@@ -701,6 +759,7 @@ fn translate(
                 priority,
                 selector,
                 browser,
+                network: network_consumer(frame)?,
             };
             let durable_name = opt(frame, "activemq.subscriptionName")
                 .or_else(|| opt(frame, "durable-subscription-name"));

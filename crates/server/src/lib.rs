@@ -13,6 +13,7 @@ mod loader;
 mod lock;
 pub mod log;
 pub mod net;
+pub mod network;
 mod shared_fs;
 mod store_id;
 
@@ -63,6 +64,8 @@ pub struct Server {
     /// Connections being served; shutdown waits for them to write their last answers.
     open: Arc<AtomicUsize>,
     cluster: ClusterHandle,
+    /// The network connectors' bridges; they stop when the broker does.
+    network: network::Network,
     /// Held while the broker runs on a local data directory.
     _lock: Option<lock::DirLock>,
 }
@@ -136,6 +139,8 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
         scheduled_messages_max: c.limits.scheduled_messages_max,
         producer_idle_ms_max: c.limits.producer_idle_ms_max,
         producers_max: c.limits.producers_max,
+        network_origins_max: c.limits.network_origins_max,
+        network_origin_idle_ms_max: c.limits.network_origin_idle_ms_max,
     }
 }
 
@@ -270,6 +275,7 @@ impl Server {
             core: core_tx,
             store_id,
         });
+        let network = network::start(&shared.config, local_addr, shared.users.internal());
         let open = Arc::new(AtomicUsize::new(0));
         let accept = tokio::spawn(accept_loop(
             listener,
@@ -286,6 +292,7 @@ impl Server {
             accept,
             open,
             cluster,
+            network,
             _lock: None,
         })
     }
@@ -303,6 +310,7 @@ impl Server {
             ))),
         };
         self.accept.abort();
+        drop(self.network);
         if result.is_ok() {
             // The core has told every connection what completed and to close; give them a
             // bounded time to write it.

@@ -1,0 +1,806 @@
+//! One bridge: this broker's connection to one remote broker (or to whichever broker of an HA
+//! group serves), carrying messages toward the consumers the other side announces.
+//!
+//! A bridge is two STOMP connections made with `haven-client`: one to the remote broker and
+//! one to this broker's own listener. Each *direction* — local → remote always, remote → local
+//! too with `duplex` — reads the consumer advisories of the side it forwards to (its *sink*),
+//! keeps one subscription on the other side (its *source*) for each demand it follows
+//! (`demand.rs`), and forwards what those subscriptions receive:
+//!
+//! 1. the source delivers a message;
+//! 2. the bridge SENDs it to the sink, naming it by its origin (`haven-net-origin`: the
+//!    source's store and message id) and its broker path. The messages that arrived together
+//!    go out as one *batch* whose last SEND asks for a RECEIPT: a Haven broker answers a
+//!    RECEIPT only once everything the connection sent before it is on disk;
+//! 3. only on that RECEIPT does the bridge acknowledge the batch on the source (cumulatively,
+//!    per subscription, up to the newest message whose batch and every earlier one are
+//!    confirmed), and the source removes those messages.
+//!
+//! A session ends at the first error on either connection. Nothing is kept across sessions:
+//! the source still holds every message it was not told to remove and delivers it again to the
+//! next session, which sends it again; the sink recognises the origin and answers without
+//! storing it twice. So a bridge that breaks anywhere loses nothing and doubles nothing.
+//!
+//! The session's loop never waits for a RECEIPT itself: subscribing, unsubscribing and
+//! receipts run in tasks that report back, so a connection whose reader waits for the loop
+//! cannot deadlock it.
+
+use super::filter::{self, Filter};
+use super::headers::*;
+use super::{demand, path};
+use crate::config::NetworkConnector;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use haven_client::{AckMode, ClientError, ConnectOptions, Connection, Message};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Heart-beats on both connections, so a remote broker that stops answering (SIGSTOP, a
+/// black-holed network) ends the session instead of stalling it.
+const HEARTBEAT_MS: u64 = 2_000;
+
+/// A session that lasted this long resets the reconnect back-off.
+const HEALTHY_SESSION_MS: u64 = 10_000;
+
+/// Events from subscription tasks queued for the loop before they wait.
+const EVENTS_QUEUED_MAX: usize = 1024;
+
+/// Messages sent as one batch (one RECEIPT) at most.
+const BATCH_MESSAGES_MAX: usize = 256;
+
+/// How often a bridge logs its counters, when they changed.
+const REPORT_INTERVAL_MS: u64 = 10_000;
+
+/// What one bridge is to do.
+#[derive(Clone, Debug)]
+pub(crate) struct Spec {
+    /// `connector → remote` for log lines.
+    pub label: String,
+    /// `tcp://host:port` of the remote broker, or of every broker of its HA group.
+    pub remote: Vec<String>,
+    /// This broker's own listener.
+    pub local: String,
+    /// Credentials for this broker's own listener.
+    pub local_login: (String, String),
+    /// This broker's name.
+    pub here: String,
+    pub cfg: NetworkConnector,
+}
+
+/// What a bridge is doing, for log lines and (later) the admin API.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    /// Messages sent to the remote broker and acknowledged here.
+    pub forwarded_out: AtomicU64,
+    /// Messages brought from the remote broker (duplex) and acknowledged there.
+    pub forwarded_in: AtomicU64,
+    /// Topic copies not forwarded (the remote broker has had them, or the hop limit).
+    pub skipped: AtomicU64,
+    /// Sessions started (1 + reconnections).
+    pub sessions: AtomicU64,
+    pub state: Mutex<String>,
+    /// Demand subscriptions open now, both directions.
+    pub subscriptions: AtomicU64,
+}
+
+impl Stats {
+    fn set_state(&self, s: String) {
+        *self.state.lock().expect("stats poisoned") = s;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("{side}: {source}")]
+    Client {
+        side: &'static str,
+        source: ClientError,
+    },
+    #[error("no broker of {0:?} accepted the connection: {1}")]
+    Unreachable(Vec<String>, String),
+    #[error("the remote broker is also named '{0}': every broker in a network needs its own name")]
+    SameName(String),
+    #[error("the remote broker's name '{0}' is not a valid broker name")]
+    BadName(String),
+}
+
+/// Runs the bridge until the task is aborted (the broker stopping), reconnecting after every
+/// failure with back-off.
+pub(crate) async fn run(spec: Spec, stats: Arc<Stats>) {
+    let mut delay_ms = spec.cfg.reconnect_delay_ms;
+    loop {
+        stats.sessions.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let err = session(&spec, &stats).await;
+        stats.subscriptions.store(0, Ordering::Relaxed);
+        stats.set_state(format!("down: {err}"));
+        if started.elapsed() >= Duration::from_millis(HEALTHY_SESSION_MS) {
+            delay_ms = spec.cfg.reconnect_delay_ms;
+        }
+        tracing::warn!(bridge = %spec.label, retry_ms = delay_ms, "bridge down: {err}");
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        delay_ms = (delay_ms * 2).min(spec.cfg.reconnect_delay_max_ms);
+    }
+}
+
+/// One broker's end of a session.
+struct Side {
+    conn: Arc<Connection>,
+    /// Broker name (paths and demand).
+    name: String,
+    /// Store id (origins); the name for a broker that does not announce one.
+    store: String,
+    /// For errors.
+    role: &'static str,
+}
+
+async fn session(spec: &Spec, stats: &Arc<Stats>) -> SessionError {
+    match session_inner(spec, stats).await {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+async fn session_inner(
+    spec: &Spec,
+    stats: &Arc<Stats>,
+) -> Result<std::convert::Infallible, SessionError> {
+    let cfg = &spec.cfg;
+    let mut remote_opts = ConnectOptions {
+        login: cfg.login.clone(),
+        passcode: cfg.passcode.clone(),
+        heartbeat_ms: (HEARTBEAT_MS, HEARTBEAT_MS),
+        ..ConnectOptions::default()
+    };
+    // Room for a whole prefetch window, so a reader never waits for the loop (see above).
+    remote_opts.subscription_buffer_messages_max = cfg.prefetch_size as usize + 64;
+    let (remote_conn, remote_addr) = connect_any(&spec.remote, remote_opts.clone()).await?;
+    let remote_name = remote_conn
+        .connected_header(BROKER_HEADER)
+        .unwrap_or("")
+        .to_string();
+    if !path::valid_name(&remote_name) {
+        return Err(SessionError::BadName(remote_name));
+    }
+    if remote_name == spec.here {
+        return Err(SessionError::SameName(remote_name));
+    }
+    let local_opts = ConnectOptions {
+        login: Some(spec.local_login.0.clone()),
+        passcode: Some(spec.local_login.1.clone()),
+        ..remote_opts
+    };
+    let local_conn = Connection::connect(&spec.local, local_opts)
+        .await
+        .map_err(|source| SessionError::Client {
+            side: "this broker",
+            source,
+        })?;
+    let store_of = |c: &Connection, name: &str| {
+        c.connected_header("haven-store")
+            .unwrap_or(name)
+            .to_string()
+    };
+    let local = Arc::new(Side {
+        store: store_of(&local_conn, &spec.here),
+        conn: Arc::new(local_conn),
+        name: spec.here.clone(),
+        role: "this broker",
+    });
+    let remote = Arc::new(Side {
+        store: store_of(&remote_conn, &remote_name),
+        conn: Arc::new(remote_conn),
+        name: remote_name.clone(),
+        role: "remote broker",
+    });
+    tracing::info!(
+        bridge = %spec.label,
+        remote = %remote_name,
+        addr = %remote_addr,
+        duplex = cfg.duplex,
+        "bridge up"
+    );
+    stats.set_state(format!("up: {remote_name} at {remote_addr}"));
+    let filter = Filter::new(
+        &cfg.statically_included_destinations,
+        &cfg.dynamically_included_destinations,
+        &cfg.excluded_destinations,
+    );
+    let out = Direction::new(spec, &filter, local.clone(), remote.clone(), stats, true);
+    let result = if cfg.duplex {
+        let inbound = Direction::new(spec, &filter, remote.clone(), local.clone(), stats, false);
+        tokio::select! {
+            r = out.run() => r,
+            r = inbound.run() => r,
+        }
+    } else {
+        out.run().await
+    };
+    // Whatever was not acknowledged is delivered again to the next session.
+    local.conn.close_now();
+    remote.conn.close_now();
+    result
+}
+
+/// The first broker of `addrs` that accepts a STOMP connection (a standby broker of an HA
+/// group has no listener open, or refuses).
+async fn connect_any(
+    addrs: &[String],
+    opts: ConnectOptions,
+) -> Result<(Connection, String), SessionError> {
+    let mut last = String::new();
+    for addr in addrs {
+        match Connection::connect(addr, opts.clone()).await {
+            Ok(c) => return Ok((c, addr.clone())),
+            Err(e) => last = format!("{addr}: {e}"),
+        }
+    }
+    Err(SessionError::Unreachable(addrs.to_vec(), last))
+}
+
+/// What subscription tasks tell a direction's loop.
+enum Event {
+    /// The SUBSCRIBE was receipted: messages may come, and UNSUBSCRIBE may be sent.
+    Opened(String),
+    Message(String, Message),
+    Failed(SessionError),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum SubState {
+    Opening,
+    Open,
+    /// No longer wanted: its messages are left unacknowledged (the source delivers them
+    /// elsewhere once it is gone) and it is unsubscribed when nothing of it is in flight.
+    Closing,
+}
+
+struct DemandSub {
+    destination: String,
+    demand_path: Vec<String>,
+    /// Statically included: kept for the whole session.
+    fixed: bool,
+    state: SubState,
+    /// Delivered and handled (forwarded, or skipped), not yet acknowledged, in delivery
+    /// order, each with the batch whose RECEIPT it waits for (0: none) and whether it was
+    /// sent (not skipped).
+    pending: VecDeque<(Message, u64, bool)>,
+    _task: Task,
+}
+
+/// Aborts its task when dropped, so a session's tasks end with it.
+struct Task(JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+type Confirming = Pin<Box<dyn Future<Output = (u64, Result<(), ClientError>)> + Send>>;
+
+/// One message read from a subscription and what to do with it.
+struct Staged {
+    sub_id: String,
+    message: Message,
+    /// The SEND to the sink (destination, headers); None: acknowledged without sending.
+    send: Option<(String, Vec<(String, String)>)>,
+}
+
+/// Messages from `source` to consumers on `sink`.
+struct Direction<'a> {
+    spec: &'a Spec,
+    filter: &'a Filter,
+    source: Arc<Side>,
+    sink: Arc<Side>,
+    stats: &'a Arc<Stats>,
+    /// True for local → remote.
+    outbound: bool,
+    /// Per destination: the demand entries of the sink's latest advisory.
+    demand: BTreeMap<String, Vec<Vec<String>>>,
+    subs: HashMap<String, DemandSub>,
+    next_sub: u64,
+    events_tx: mpsc::Sender<Event>,
+    events_rx: mpsc::Receiver<Event>,
+    /// Batch numbers: the last one sent, and those sent but not yet receipted.
+    last_batch: u64,
+    unconfirmed: BTreeSet<u64>,
+    receipts: FuturesUnordered<Confirming>,
+}
+
+impl<'a> Direction<'a> {
+    fn new(
+        spec: &'a Spec,
+        filter: &'a Filter,
+        source: Arc<Side>,
+        sink: Arc<Side>,
+        stats: &'a Arc<Stats>,
+        outbound: bool,
+    ) -> Direction<'a> {
+        let (events_tx, events_rx) = mpsc::channel(EVENTS_QUEUED_MAX);
+        Direction {
+            spec,
+            filter,
+            source,
+            sink,
+            stats,
+            outbound,
+            demand: BTreeMap::new(),
+            subs: HashMap::new(),
+            next_sub: 0,
+            events_tx,
+            events_rx,
+            last_batch: 0,
+            unconfirmed: BTreeSet::new(),
+            receipts: FuturesUnordered::new(),
+        }
+    }
+
+    fn err(side: &Side, source: ClientError) -> SessionError {
+        SessionError::Client {
+            side: side.role,
+            source,
+        }
+    }
+
+    async fn run(mut self) -> Result<std::convert::Infallible, SessionError> {
+        let sink = self.sink.clone();
+        let subscribe = |topic| {
+            let sink = sink.clone();
+            async move {
+                sink.conn
+                    .subscribe(topic, AckMode::Auto, &[])
+                    .await
+                    .map_err(|e| Self::err(&sink, e))
+            }
+        };
+        let mut queue_adv = subscribe(QUEUE_ADVISORIES).await?;
+        let mut topic_adv = subscribe(TOPIC_ADVISORIES).await?;
+        for destination in self.filter.statics().to_vec() {
+            self.open(&destination, vec![self.sink.name.clone()], true);
+        }
+        let mut report = tokio::time::interval(Duration::from_millis(REPORT_INTERVAL_MS));
+        let mut reported = (u64::MAX, 0usize);
+        let mut staged = Vec::new();
+        loop {
+            tokio::select! {
+                m = queue_adv.next() => match m {
+                    Some(m) => self.on_advisory(&m),
+                    None => return Err(Self::err(&sink, sink.conn.closed().await)),
+                },
+                m = topic_adv.next() => match m {
+                    Some(m) => self.on_advisory(&m),
+                    None => return Err(Self::err(&sink, sink.conn.closed().await)),
+                },
+                Some(event) = self.events_rx.recv() => {
+                    // Everything that has arrived goes out as one batch.
+                    let mut next = Some(event);
+                    while let Some(event) = next.take() {
+                        match event {
+                            Event::Failed(e) => return Err(e),
+                            Event::Opened(id) => self.on_opened(&id),
+                            Event::Message(id, m) => {
+                                if let Some(s) = self.stage(id, m) {
+                                    staged.push(s);
+                                }
+                            }
+                        }
+                        if staged.len() < BATCH_MESSAGES_MAX {
+                            next = self.events_rx.try_recv().ok();
+                        }
+                    }
+                    self.send_batch(&mut staged).await?;
+                }
+                Some((batch, receipt)) = self.receipts.next(), if !self.receipts.is_empty() => {
+                    receipt.map_err(|e| Self::err(&self.sink, e))?;
+                    self.on_confirmed(batch).await?;
+                }
+                _ = report.tick() => {
+                    let now = (self.forwarded().load(Ordering::Relaxed), self.subs.len());
+                    if now != reported {
+                        reported = now;
+                        tracing::info!(
+                            bridge = %self.spec.label,
+                            from = %self.source.name,
+                            to = %self.sink.name,
+                            forwarded = now.0,
+                            skipped = self.stats.skipped.load(Ordering::Relaxed),
+                            subscriptions = now.1,
+                            demand = self.demand.len(),
+                            "bridge"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn forwarded(&self) -> &AtomicU64 {
+        if self.outbound {
+            &self.stats.forwarded_out
+        } else {
+            &self.stats.forwarded_in
+        }
+    }
+
+    fn on_advisory(&mut self, m: &Message) {
+        let (Some(destination), Some(entries)) = (
+            m.header(ADVISORY_FOR_HEADER),
+            m.header(ADVISORY_DEMAND_HEADER).and_then(demand::parse),
+        ) else {
+            tracing::warn!(bridge = %self.spec.label, headers = ?m.headers, "unreadable consumer advisory ignored");
+            return;
+        };
+        let destination = destination.to_string();
+        if entries.is_empty() {
+            self.demand.remove(&destination);
+        } else {
+            self.demand.insert(destination.clone(), entries);
+        }
+        self.reconcile(&destination);
+    }
+
+    /// Opens and closes subscriptions on the source so they match the sink's demand.
+    fn reconcile(&mut self, destination: &str) {
+        let cfg = &self.spec.cfg;
+        let entries = self.demand.get(destination).cloned().unwrap_or_default();
+        let follows = self.filter.follows_demand(destination)
+            // A wildcard queue consumer would take excluded queues' messages too.
+            && !(destination.starts_with("/queue/")
+                && haven_engine::is_wildcard(destination)
+                && !cfg.excluded_destinations.is_empty())
+            && filter::split(destination).is_some();
+        let mut want = if follows {
+            demand::wanted(
+                &entries,
+                &self.source.name,
+                &self.sink.name,
+                cfg.network_ttl,
+                cfg.conduit_subscriptions,
+            )
+        } else {
+            Vec::new()
+        };
+        let mut extra = Vec::new();
+        let mut ids: Vec<&String> = self
+            .subs
+            .iter()
+            .filter(|(_, s)| {
+                s.destination == destination && !s.fixed && s.state != SubState::Closing
+            })
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort();
+        for id in ids {
+            let path = &self.subs[id].demand_path;
+            match want.iter().position(|w| w == path) {
+                Some(i) => {
+                    want.swap_remove(i);
+                }
+                None => extra.push(id.clone()),
+            }
+        }
+        for id in extra {
+            self.close(&id);
+        }
+        for demand_path in want {
+            self.open(destination, demand_path, false);
+        }
+    }
+
+    fn open(&mut self, destination: &str, demand_path: Vec<String>, fixed: bool) {
+        self.next_sub += 1;
+        let id = format!("net-{}", self.next_sub);
+        let cfg = &self.spec.cfg;
+        let penalty = if cfg.decrease_network_consumer_priority {
+            demand::priority_penalty(&demand_path)
+        } else {
+            0
+        };
+        let headers: Vec<(String, String)> = vec![
+            ("id".into(), id.clone()),
+            (
+                "activemq.prefetchSize".into(),
+                cfg.prefetch_size.to_string(),
+            ),
+            (DEMAND_HEADER.into(), path::format(&demand_path)),
+            (PENALTY_HEADER.into(), penalty.to_string()),
+        ];
+        let source = self.source.clone();
+        let events = self.events_tx.clone();
+        let dest = destination.to_string();
+        let sub_id = id.clone();
+        let task = tokio::spawn(async move {
+            let h: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let mut sub = match source.conn.subscribe(&dest, AckMode::Client, &h).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = events.send(Event::Failed(Self::err(&source, e))).await;
+                    return;
+                }
+            };
+            if events.send(Event::Opened(sub_id.clone())).await.is_err() {
+                return;
+            }
+            while let Some(m) = sub.next().await {
+                if events
+                    .send(Event::Message(sub_id.clone(), m))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            let e = source.conn.closed().await;
+            let _ = events.send(Event::Failed(Self::err(&source, e))).await;
+        });
+        tracing::debug!(bridge = %self.spec.label, %destination, demand = %path::format(&demand_path), "demand subscription");
+        self.subs.insert(
+            id,
+            DemandSub {
+                destination: destination.to_string(),
+                demand_path,
+                fixed,
+                state: SubState::Opening,
+                pending: VecDeque::new(),
+                _task: Task(task),
+            },
+        );
+        self.stats.subscriptions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn close(&mut self, id: &str) {
+        let sub = self.subs.get_mut(id).expect("closing a known subscription");
+        let opened = sub.state == SubState::Open;
+        sub.state = SubState::Closing;
+        if opened && sub.pending.is_empty() {
+            self.unsubscribe(id);
+        }
+    }
+
+    /// Sends UNSUBSCRIBE; acknowledgements sent before it go first on the connection, so the
+    /// source redelivers only what was never forwarded.
+    fn unsubscribe(&mut self, id: &str) {
+        let sub = self
+            .subs
+            .remove(id)
+            .expect("unsubscribing a known subscription");
+        assert!(sub.pending.is_empty(), "unsubscribed with messages pending");
+        self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
+        let source = self.source.clone();
+        let events = self.events_tx.clone();
+        let id = id.to_string();
+        // The subscription's task ends with `sub`; the UNSUBSCRIBE runs on its own.
+        tokio::spawn(async move {
+            if let Err(e) = source.conn.unsubscribe_id(&id, &[]).await {
+                let _ = events.send(Event::Failed(Self::err(&source, e))).await;
+            }
+        });
+    }
+
+    fn on_opened(&mut self, id: &str) {
+        if let Some(sub) = self.subs.get_mut(id) {
+            match sub.state {
+                SubState::Opening => sub.state = SubState::Open,
+                SubState::Closing => self.unsubscribe(id),
+                SubState::Open => unreachable!("opened twice"),
+            }
+        }
+    }
+
+    /// What to do with a delivered message; None when its subscription is going away (it is
+    /// left unacknowledged, and the source delivers it elsewhere once unsubscribed).
+    fn stage(&mut self, sub_id: String, m: Message) -> Option<Staged> {
+        let sub = self.subs.get(&sub_id)?;
+        if sub.state == SubState::Closing {
+            return None;
+        }
+        let destination = m.destination.clone();
+        let topic = destination.starts_with("/topic/");
+        let msg_path = m
+            .header(PATH_HEADER)
+            .and_then(path::parse)
+            .unwrap_or_default();
+        let route = if topic && self.filter.is_excluded(&destination) {
+            path::Route::Skip
+        } else {
+            path::route(
+                &msg_path,
+                &self.source.name,
+                &self.sink.name,
+                topic,
+                self.spec.cfg.network_ttl,
+            )
+        };
+        let send = match route {
+            path::Route::Skip => None,
+            path::Route::Forward(p) => {
+                Some((destination, forwarded_headers(&m, &self.source.store, &p)))
+            }
+        };
+        Some(Staged {
+            sub_id,
+            message: m,
+            send,
+        })
+    }
+
+    /// Sends the staged messages, the last SEND asking for the batch's RECEIPT.
+    async fn send_batch(&mut self, staged: &mut Vec<Staged>) -> Result<(), SessionError> {
+        if staged.is_empty() {
+            return Ok(());
+        }
+        let sends = staged.iter().filter(|s| s.send.is_some()).count();
+        let batch = if sends > 0 {
+            self.last_batch += 1;
+            self.last_batch
+        } else {
+            // Only skipped messages: they are done once everything before them is.
+            self.last_batch
+        };
+        let mut sent = 0;
+        for s in staged.drain(..) {
+            if let Some((destination, headers)) = &s.send {
+                sent += 1;
+                let h: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                let body = s.message.body.clone();
+                if sent < sends {
+                    self.sink.conn.send(destination, &h, body).await
+                } else {
+                    let receipt = self
+                        .sink
+                        .conn
+                        .send_with_receipt_future(destination, &h, body)
+                        .await
+                        .map_err(|e| Self::err(&self.sink, e))?;
+                    self.unconfirmed.insert(batch);
+                    self.receipts
+                        .push(Box::pin(async move { (batch, receipt.await) }));
+                    Ok(())
+                }
+                .map_err(|e| Self::err(&self.sink, e))?;
+            } else {
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+            let sub = self
+                .subs
+                .get_mut(&s.sub_id)
+                .expect("staged messages' subscriptions are kept until acknowledged");
+            sub.pending.push_back((s.message, batch, s.send.is_some()));
+        }
+        if sends == 0 {
+            // Nothing to wait for if every earlier batch is confirmed already.
+            self.acknowledge().await?;
+        }
+        Ok(())
+    }
+
+    async fn on_confirmed(&mut self, batch: u64) -> Result<(), SessionError> {
+        let was = self.unconfirmed.remove(&batch);
+        assert!(was, "a RECEIPT for batch {batch} that was not waited for");
+        self.acknowledge().await
+    }
+
+    /// Acknowledges, per subscription, everything up to the newest message whose batch and
+    /// every earlier batch are confirmed; unsubscribes closing subscriptions left with
+    /// nothing pending.
+    async fn acknowledge(&mut self) -> Result<(), SessionError> {
+        let confirmed = match self.unconfirmed.first() {
+            Some(&oldest) => oldest - 1,
+            None => self.last_batch,
+        };
+        let mut drained = Vec::new();
+        let mut forwarded = 0u64;
+        for (id, sub) in self.subs.iter_mut() {
+            let mut last = None;
+            while sub.pending.front().is_some_and(|(_, b, _)| *b <= confirmed) {
+                let (m, _, sent) = sub.pending.pop_front().expect("checked");
+                forwarded += u64::from(sent);
+                last = Some(m);
+            }
+            if let Some(m) = last {
+                // Cumulative: every earlier message of the subscription with it.
+                self.source
+                    .conn
+                    .ack(&m)
+                    .await
+                    .map_err(|e| Self::err(&self.source, e))?;
+                if sub.state == SubState::Closing && sub.pending.is_empty() {
+                    drained.push(id.clone());
+                }
+            }
+        }
+        self.forwarded().fetch_add(forwarded, Ordering::Relaxed);
+        for id in drained {
+            self.unsubscribe(&id);
+        }
+        Ok(())
+    }
+}
+
+/// Headers a delivered message keeps when forwarded: its own, less what the source broker
+/// set for this delivery and what would steer the sink wrongly, plus its origin and path.
+fn forwarded_headers(
+    m: &Message,
+    origin_store: &str,
+    next_path: &[String],
+) -> Vec<(String, String)> {
+    const DROPPED: &[&str] = &[
+        "destination",
+        "message-id",
+        "subscription",
+        "ack",
+        "redelivered",
+        "delivery-count",
+        "content-length",
+        "receipt",
+        "transaction",
+        "haven-producer",
+        "haven-seq",
+        ORIGIN_HEADER,
+        PATH_HEADER,
+    ];
+    let mut out: Vec<(String, String)> = Vec::with_capacity(m.headers.len() + 2);
+    for (k, v) in &m.headers {
+        if DROPPED.contains(&k.as_str()) || out.iter().any(|(k2, _)| k2 == k) {
+            continue;
+        }
+        out.push((k.clone(), v.clone()));
+    }
+    out.push((
+        ORIGIN_HEADER.into(),
+        format!("{origin_store}/{}", m.message_id),
+    ));
+    if !next_path.is_empty() {
+        out.push((PATH_HEADER.into(), path::format(next_path)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn forwarded_headers_keep_the_application_s_and_name_the_origin() {
+        let m = Message::from_headers(
+            vec![
+                ("destination".into(), "/queue/q".into()),
+                ("message-id".into(), "ID:haven-7".into()),
+                ("subscription".into(), "net-1".into()),
+                ("ack".into(), "3".into()),
+                ("persistent".into(), "true".into()),
+                ("haven-producer".into(), "p".into()),
+                ("haven-seq".into(), "9".into()),
+                (PATH_HEADER.into(), "A".into()),
+                ("color".into(), "red".into()),
+                ("color".into(), "blue".into()),
+            ],
+            Bytes::from_static(b"x"),
+        );
+        let h = forwarded_headers(&m, "s1", &["A".to_string(), "B".to_string()]);
+        assert_eq!(
+            h,
+            vec![
+                ("persistent".to_string(), "true".to_string()),
+                ("color".to_string(), "red".to_string()),
+                (ORIGIN_HEADER.to_string(), "s1/ID:haven-7".to_string()),
+                (PATH_HEADER.to_string(), "A,B".to_string()),
+            ]
+        );
+    }
+}

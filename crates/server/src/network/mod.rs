@@ -1,0 +1,194 @@
+//! Networks of brokers: store-and-forward between brokers, driven by where the consumers are
+//! (docs/NETWORK.md).
+//!
+//! Each `[[network]]` connector becomes one bridge per remote broker (`bridge.rs`). A bridge
+//! learns the remote broker's consumers from its consumer advisories (`demand.rs`), subscribes
+//! here on their behalf, and forwards each message with its origin and broker path
+//! (`path.rs`), removing it here only once the remote broker has stored it.
+
+mod bridge;
+mod demand;
+mod filter;
+pub mod headers;
+pub mod path;
+
+use crate::config::{is_destination_pattern, NetworkConnector};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+/// Longest `prefetch_size`: a bridge's connection buffers a whole window per subscription.
+const PREFETCH_MAX: u32 = 100_000;
+
+/// Bridges a connector URI asks for, each as the addresses to try in order:
+/// `static:(a,b)` → one bridge to a and one to b; `failover:(a,b)` → one bridge to whichever
+/// of a and b serves; `tcp://a` → one bridge.
+pub(crate) fn targets(uri: &str) -> Result<Vec<Vec<String>>, String> {
+    let uri = uri.trim();
+    if let Some(rest) = uri.strip_prefix("static:") {
+        let inner = rest
+            .strip_prefix('(')
+            .and_then(|r| r.split_once(')'))
+            .map(|(inner, _)| inner)
+            .unwrap_or(rest);
+        let mut out = Vec::new();
+        for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            out.push(addresses(part)?);
+        }
+        if out.is_empty() {
+            return Err(format!("'{uri}' names no broker"));
+        }
+        return Ok(out);
+    }
+    Ok(vec![addresses(uri)?])
+}
+
+fn addresses(uri: &str) -> Result<Vec<String>, String> {
+    haven_client::parse_uri(uri)
+        .map(|u| u.brokers)
+        .map_err(|e| e.to_string())
+}
+
+/// Checks one connector; the error names the key.
+pub(crate) fn check(broker_name: &str, n: &NetworkConnector) -> Result<(), (&'static str, String)> {
+    if !path::valid_name(broker_name) {
+        return Err((
+            "broker.name",
+            format!(
+                "'{broker_name}' cannot name a broker in a network: 1 to {} bytes, no \
+                 spaces, ',', ';', '/' or ':'",
+                path::NAME_BYTES_MAX
+            ),
+        ));
+    }
+    targets(&n.uri).map_err(|e| ("network.uri", e))?;
+    if n.network_ttl == 0 {
+        return Err(("network.network_ttl", "must be at least 1".into()));
+    }
+    if n.prefetch_size == 0 || n.prefetch_size > PREFETCH_MAX {
+        return Err((
+            "network.prefetch_size",
+            format!("{} is not between 1 and {PREFETCH_MAX}", n.prefetch_size),
+        ));
+    }
+    if n.reconnect_delay_ms == 0 || n.reconnect_delay_max_ms < n.reconnect_delay_ms {
+        return Err((
+            "network.reconnect_delay_ms",
+            "must be at least 1 and at most reconnect_delay_max_ms".into(),
+        ));
+    }
+    for (key, list) in [
+        (
+            "network.statically_included_destinations",
+            &n.statically_included_destinations,
+        ),
+        (
+            "network.dynamically_included_destinations",
+            &n.dynamically_included_destinations,
+        ),
+        ("network.excluded_destinations", &n.excluded_destinations),
+    ] {
+        if let Some(bad) = list.iter().find(|d| !is_destination_pattern(d)) {
+            return Err((
+                key,
+                format!("'{bad}' must be /queue/NAME or /topic/NAME (wildcards allowed)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The running bridges of a broker; dropping it stops them.
+pub(crate) struct Network {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts every connector's bridges. `listen` is this broker's STOMP address (the bridges
+/// connect to it like clients, with `login`).
+pub(crate) fn start(
+    config: &crate::Config,
+    listen: SocketAddr,
+    login: (String, String),
+) -> Network {
+    let ip = match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let local = format!("tcp://{}", SocketAddr::new(ip, listen.port()));
+    let mut tasks = Vec::new();
+    for (i, n) in config.network.iter().enumerate() {
+        let name = if n.name.is_empty() {
+            format!("network-{}", i + 1)
+        } else {
+            n.name.clone()
+        };
+        let targets = targets(&n.uri).expect("validated with the config");
+        for remote in targets {
+            let spec = bridge::Spec {
+                label: format!("{name} → {}", remote.join("|")),
+                remote,
+                local: local.clone(),
+                local_login: login.clone(),
+                here: config.broker.name.clone(),
+                cfg: n.clone(),
+            };
+            let stats = Arc::new(bridge::Stats::default());
+            tasks.push(tokio::spawn(bridge::run(spec, stats)));
+        }
+    }
+    Network { tasks }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_uris_make_one_bridge_per_broker() {
+        assert_eq!(
+            targets("static:(tcp://b:1,tcp://c:2)").unwrap(),
+            vec![vec!["tcp://b:1".to_string()], vec!["tcp://c:2".to_string()]]
+        );
+        assert_eq!(
+            targets("failover:(tcp://b:1,tcp://c:2)").unwrap(),
+            vec![vec!["tcp://b:1".to_string(), "tcp://c:2".to_string()]]
+        );
+        assert_eq!(
+            targets("tcp://b:1").unwrap(),
+            vec![vec!["tcp://b:1".to_string()]]
+        );
+        assert!(targets("static:()").is_err());
+        assert!(targets("bogus://x").is_err());
+    }
+
+    #[test]
+    fn checks_name_and_options() {
+        let ok = NetworkConnector {
+            uri: "static:(tcp://127.0.0.1:1)".into(),
+            ..NetworkConnector::default()
+        };
+        assert!(check("A", &ok).is_ok());
+        assert_eq!(check("a,b", &ok).unwrap_err().0, "broker.name");
+        let bad = NetworkConnector {
+            excluded_destinations: vec!["queue.x".into()],
+            ..ok.clone()
+        };
+        assert_eq!(
+            check("A", &bad).unwrap_err().0,
+            "network.excluded_destinations"
+        );
+        let bad = NetworkConnector {
+            network_ttl: 0,
+            ..ok
+        };
+        assert_eq!(check("A", &bad).unwrap_err().0, "network.network_ttl");
+    }
+}
