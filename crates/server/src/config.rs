@@ -23,7 +23,8 @@ pub struct Config {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// Shown in CONNECTED's `server` header and in logs.
+    /// In logs, and announced in CONNECTED as `haven-broker`. In a network of brokers it
+    /// names this broker (or HA group) in broker paths, so it must be unique there.
     pub name: String,
     /// A SEND without a `persistent` header is persistent. ActiveMQ's default is the opposite;
     /// set false for applications that rely on it.
@@ -950,6 +951,38 @@ mod tests {
             }
         }
         assert_eq!(seen, 10);
+    }
+
+    #[test]
+    fn the_shipped_network_examples_parse_and_connect_to_each_other() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        for (group, connectors) in [("network-line", 2), ("network-mesh", 3)] {
+            let configs: Vec<Config> = ["a", "b", "c"]
+                .iter()
+                .map(|n| {
+                    Config::load(&root.join(group).join(format!("{n}.toml")))
+                        .unwrap_or_else(|e| panic!("{e}"))
+                })
+                .collect();
+            let mut names: Vec<&str> = configs.iter().map(|c| c.broker.name.as_str()).collect();
+            names.sort_unstable();
+            assert_eq!(names, ["A", "B", "C"], "{group}");
+            let listens: Vec<String> = configs
+                .iter()
+                .map(|c| format!("tcp://{}", c.stomp.listen))
+                .collect();
+            let mut bridges = 0;
+            for c in &configs {
+                for n in &c.network {
+                    for target in crate::network::targets(&n.uri).unwrap() {
+                        assert!(listens.contains(&target[0]), "{group}: {}", target[0]);
+                        bridges += 1;
+                    }
+                }
+            }
+            assert_eq!(configs.iter().map(|c| c.network.len()).sum::<usize>(), connectors);
+            assert_eq!(bridges, if group == "network-mesh" { 6 } else { 2 }, "{group}");
+        }
     }
 
     #[test]
