@@ -39,7 +39,9 @@ pub struct StompConfig {
     pub frame_bytes_max: usize,
     pub header_count_max: usize,
     pub header_bytes_max: usize,
-    /// How often the broker offers to send heart-beats (0 = never).
+    /// The shortest interval at which the broker sends heart-beats to a client that asks for
+    /// them (0 = never). Low by default: heart-beats cost nothing, and a client (a network
+    /// bridge, a failover client) can only notice a silent broker as fast as this allows.
     pub heartbeat_send_ms: u64,
     /// How often the broker asks clients to send heart-beats (0 = never). A client silent for
     /// twice the negotiated interval is disconnected.
@@ -304,7 +306,7 @@ impl Default for StompConfig {
             frame_bytes_max: 10 * 1024 * 1024,
             header_count_max: 1_000,
             header_bytes_max: 10 * 1024,
-            heartbeat_send_ms: 10_000,
+            heartbeat_send_ms: 1_000,
             heartbeat_receive_ms: 10_000,
             connect_timeout_ms: 10_000,
             write_timeout_ms: 60_000,
