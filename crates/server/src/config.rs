@@ -982,8 +982,15 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(configs.iter().map(|c| c.network.len()).sum::<usize>(), connectors);
-            assert_eq!(bridges, if group == "network-mesh" { 6 } else { 2 }, "{group}");
+            assert_eq!(
+                configs.iter().map(|c| c.network.len()).sum::<usize>(),
+                connectors
+            );
+            assert_eq!(
+                bridges,
+                if group == "network-mesh" { 6 } else { 2 },
+                "{group}"
+            );
         }
     }
 
