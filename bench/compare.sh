@@ -9,11 +9,12 @@
 # stdout and bench/results/latest.md (raw JSON lines beside it). Stops everything it started.
 #
 # Brokers: haven, activemq (required by issue 2), rabbitmq (classic durable queues),
-# rabbitmq-quorum (quorum queues, same node) and haven-replicated (3 Raft replicas on this
-# machine); e.g. --brokers "haven activemq rabbitmq-quorum".
+# rabbitmq-quorum (quorum queues, same node), haven-replicated (3 Raft replicas on this
+# machine) and haven-network (two brokers A -> B with a network connector: producers on A,
+# consumers on B, the bridge carries every message); e.g. --brokers "haven haven-network".
 # Environment: HAVEN_BIN (default: build target/release/haven), HAVEN_PORT (61613),
 # AMQ_PORT (61614), AMQ_OPENWIRE_PORT (61616), RABBIT_PORT (61615), REPL_PORT (61623..5),
-# REPL_RAFT_PORT (61720..2), KEEP_WORK=1 keeps the scratch directory.
+# REPL_RAFT_PORT (61720..2), NET_PORT (61633..4), KEEP_WORK=1 keeps the scratch directory.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -167,6 +168,27 @@ start_haven-replicated() {
   done
   log "the replicated group elected no leader; see $WORK/replica-*.log"
   return 1
+}
+
+# Two brokers, A (NET_PORT) with a connector to B (NET_PORT + 1): the bench produces on A and
+# consumes on B, so every message crosses the bridge. RSS is A's.
+NET_PORT=${NET_PORT:-61633}
+start_haven-network() {
+  local a=$NET_PORT b=$((NET_PORT + 1)) n
+  port_free "$a" && port_free "$b" || { log "port $a or $b is busy"; return 1; }
+  mkdir -p "$WORK/net-a" "$WORK/net-b"
+  printf '[broker]\nname = "B"\n' >"$WORK/net-b.toml"
+  printf '[broker]\nname = "A"\n\n[[network]]\nuri = "static:(tcp://127.0.0.1:%s)"\n' "$b" >"$WORK/net-a.toml"
+  for n in b a; do
+    "$HAVEN_BIN" run --config "$WORK/net-$n.toml" --data "$WORK/net-$n" \
+      --stomp "127.0.0.1:$([ $n = a ] && echo "$a" || echo "$b")" >"$WORK/haven-network-$n.log" 2>&1 &
+    PIDS[haven-network-$n]=$!
+  done
+  wait_port "$a" 20 "${PIDS[haven-network-a]}" && wait_port "$b" 20 "${PIDS[haven-network-b]}" \
+    || { log "haven-network did not start; see $WORK/haven-network-*.log"; return 1; }
+  URL[haven-network]="127.0.0.1:$a"
+  RSS_PID[haven-network]=${PIDS[haven-network-a]}
+  EXTRA[haven-network]=" --consume-url 127.0.0.1:$b"
 }
 
 start_haven() {
