@@ -433,6 +433,13 @@ impl Connection {
     }
 
     /// Adds a fresh `receipt` header, registers the waiter, queues the frame.
+    /// Queues `frame` with a `receipt` header of the connection's choosing and returns the
+    /// pending [`Receipt`]: any frame can be receipted this way (a caller that builds its own
+    /// SEND frames, such as a network bridge, avoids building them twice).
+    pub async fn send_frame_with_receipt(&self, frame: Frame) -> Result<Receipt> {
+        self.request(frame).await
+    }
+
     pub(crate) async fn request(&self, frame: Frame) -> Result<Receipt> {
         let id = format!("rcpt-{}", self.next_id());
         let frame = frame.with_header("receipt", id.as_str());

@@ -31,7 +31,7 @@ use super::{demand, path};
 use crate::config::NetworkConnector;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use haven_client::{AckMode, ClientError, ConnectOptions, Connection, Message};
+use haven_client::{AckMode, ClientError, Command, ConnectOptions, Connection, Frame, Message};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -53,7 +53,7 @@ const HEALTHY_SESSION_MS: u64 = 10_000;
 const EVENTS_QUEUED_MAX: usize = 1024;
 
 /// Messages sent as one batch (one RECEIPT) at most.
-const BATCH_MESSAGES_MAX: usize = 256;
+const BATCH_MESSAGES_MAX: usize = 1024;
 
 /// How often a bridge logs its counters, when they changed.
 const REPORT_INTERVAL_MS: u64 = 10_000;
@@ -290,8 +290,8 @@ type Confirming = Pin<Box<dyn Future<Output = (u64, Result<(), ClientError>)> + 
 struct Staged {
     sub_id: String,
     message: Message,
-    /// The SEND to the sink (destination, headers); None: acknowledged without sending.
-    send: Option<(String, Vec<(String, String)>)>,
+    /// The SEND to the sink; None: acknowledged without sending.
+    send: Option<Frame>,
 }
 
 /// Messages from `source` to consumers on `sink`.
@@ -624,9 +624,11 @@ impl<'a> Direction<'a> {
         };
         let send = match route {
             path::Route::Skip => None,
-            path::Route::Forward(p) => {
-                Some((destination, forwarded_headers(&m, &self.source.store, &p)))
-            }
+            path::Route::Forward(p) => Some(Frame {
+                command: Command::Send,
+                headers: forwarded_headers(&m, &destination, &self.source.store, &p),
+                body: m.body.clone(),
+            }),
         };
         Some(Staged {
             sub_id,
@@ -649,21 +651,17 @@ impl<'a> Direction<'a> {
             self.last_batch
         };
         let mut sent = 0;
-        for s in staged.drain(..) {
-            if let Some((destination, headers)) = &s.send {
+        for mut s in staged.drain(..) {
+            let was_sent = s.send.is_some();
+            if let Some(frame) = s.send.take() {
                 sent += 1;
-                let h: Vec<(&str, &str)> = headers
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                let body = s.message.body.clone();
                 if sent < sends {
-                    self.sink.conn.send(destination, &h, body).await
+                    self.sink.conn.raw_send_frame(frame).await
                 } else {
                     let receipt = self
                         .sink
                         .conn
-                        .send_with_receipt_future(destination, &h, body)
+                        .send_frame_with_receipt(frame)
                         .await
                         .map_err(|e| Self::err(&self.sink, e))?;
                     self.unconfirmed.insert(batch);
@@ -679,7 +677,7 @@ impl<'a> Direction<'a> {
                 .subs
                 .get_mut(&s.sub_id)
                 .expect("staged messages' subscriptions are kept until acknowledged");
-            sub.pending.push_back((s.message, batch, s.send.is_some()));
+            sub.pending.push_back((s.message, batch, was_sent));
         }
         if sends == 0 {
             // Nothing to wait for if every earlier batch is confirmed already.
@@ -731,10 +729,12 @@ impl<'a> Direction<'a> {
     }
 }
 
-/// Headers a delivered message keeps when forwarded: its own, less what the source broker
-/// set for this delivery and what would steer the sink wrongly, plus its origin and path.
+/// Headers of the SEND that forwards a delivered message: its destination, then the message's
+/// own headers less what the source broker set for this delivery and what would steer the sink
+/// wrongly, then its origin and path.
 fn forwarded_headers(
     m: &Message,
+    destination: &str,
     origin_store: &str,
     next_path: &[String],
 ) -> Vec<(String, String)> {
@@ -753,7 +753,8 @@ fn forwarded_headers(
         ORIGIN_HEADER,
         PATH_HEADER,
     ];
-    let mut out: Vec<(String, String)> = Vec::with_capacity(m.headers.len() + 2);
+    let mut out: Vec<(String, String)> = Vec::with_capacity(m.headers.len() + 3);
+    out.push(("destination".into(), destination.to_string()));
     for (k, v) in &m.headers {
         if DROPPED.contains(&k.as_str()) || out.iter().any(|(k2, _)| k2 == k) {
             continue;
@@ -792,10 +793,11 @@ mod tests {
             ],
             Bytes::from_static(b"x"),
         );
-        let h = forwarded_headers(&m, "s1", &["A".to_string(), "B".to_string()]);
+        let h = forwarded_headers(&m, "/queue/q", "s1", &["A".to_string(), "B".to_string()]);
         assert_eq!(
             h,
             vec![
+                ("destination".to_string(), "/queue/q".to_string()),
                 ("persistent".to_string(), "true".to_string()),
                 ("color".to_string(), "red".to_string()),
                 (ORIGIN_HEADER.to_string(), "s1/ID:haven-7".to_string()),
