@@ -653,3 +653,111 @@ async fn ha_source_loses_its_master_while_forwarding() {
         logs(&group)
     );
 }
+
+/// Request/reply across the network (`bridge_temp_destinations`): a requester on A asks over
+/// its temporary queue, a service on B answers to the `reply-to` it reads; the reply travels
+/// back over the same duplex bridge. Each request gets its one reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn request_reply_over_a_temporary_queue_crosses_the_network() {
+    const SERVICE: &str = "/queue/service";
+    const REQUESTS: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b] = free_addrs();
+    let bb = start_broker(dir.path(), "B", b, &[]);
+    let ba = start_broker(
+        dir.path(),
+        "A",
+        a,
+        &[connector(&tcp(b), 1, "duplex = true")],
+    );
+    let all = [&ba, &bb];
+    // The service on B: answers every request to its reply-to, with the request's body.
+    let service = connect(&tcp(b)).await;
+    let mut requests = service
+        .subscribe(SERVICE, haven_client::AckMode::ClientIndividual, &[])
+        .await
+        .unwrap();
+    let answering = tokio::spawn(async move {
+        while let Some(m) = requests.next().await {
+            let reply_to = m
+                .header("reply-to")
+                .expect("a request names its reply-to")
+                .to_string();
+            service
+                .send_receipted(&reply_to, &[("persistent", "false")], m.body.clone())
+                .await
+                .unwrap();
+            service.ack(&m).await.unwrap();
+        }
+    });
+    // The requester on A, with its own temporary queue.
+    let requester = connect(&tcp(a)).await;
+    let mut replies = requester
+        .subscribe("/temp-queue/replies", haven_client::AckMode::Auto, &[])
+        .await
+        .unwrap();
+    let mut got = std::collections::BTreeMap::new();
+    let mut sent = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(DRAIN_WAIT_MS);
+    // Demand for the service and for the reply queue has to cross first: the first requests
+    // may wait on A until B's service is known there; keep asking until one is answered.
+    while got.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reply crossed the network:\n{}",
+            logs_of(&all)
+        );
+        sent += 1;
+        requester
+            .send_receipted(
+                SERVICE,
+                &[("reply-to", "/temp-queue/replies")],
+                format!("probe-{sent}"),
+            )
+            .await
+            .unwrap();
+        if let Ok(Some(m)) =
+            tokio::time::timeout(Duration::from_millis(PROBE_EVERY_MS), replies.next()).await
+        {
+            *got.entry(String::from_utf8_lossy(&m.body).to_string())
+                .or_insert(0) += 1;
+        }
+    }
+    for i in 0..REQUESTS {
+        requester
+            .send_receipted(
+                SERVICE,
+                &[("reply-to", "/temp-queue/replies")],
+                format!("req-{i}"),
+            )
+            .await
+            .unwrap();
+    }
+    let want = |got: &std::collections::BTreeMap<String, usize>| {
+        (0..REQUESTS).all(|i| got.contains_key(&format!("req-{i}")))
+            && (1..=sent).all(|i| got.contains_key(&format!("probe-{i}")))
+    };
+    while !want(&got) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, replies.next()).await {
+            Ok(Some(m)) => {
+                *got.entry(String::from_utf8_lossy(&m.body).to_string())
+                    .or_insert(0) += 1;
+            }
+            _ => panic!(
+                "{} of {} replies arrived:\n{}",
+                got.len(),
+                REQUESTS + sent,
+                logs_of(&all)
+            ),
+        }
+    }
+    // Nothing more comes, and nothing came twice.
+    if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(QUIET_MS), replies.next()).await
+    {
+        panic!("an extra reply: {:?}", String::from_utf8_lossy(&m.body));
+    }
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "replies that came twice: {twice:?}");
+    answering.abort();
+}

@@ -1,8 +1,17 @@
 //! Consumer advisories, under ActiveMQ's names: whenever the set of active consumers of a
 //! destination changes, a non-persistent message on `ActiveMQ.Advisory.Consumer.Queue.<name>`
-//! (or `.Topic.<name>`) says how many consumers it has now and, for each, whether it is local
-//! or a network bridge's subscription standing for consumers elsewhere (the path their demand
-//! came through). A bridge subscribes to these topics to learn where consumers are.
+//! (or `.Topic.<name>`, or `.TempQueue.haven-<owner>-<name>` for a temporary queue) says how
+//! many consumers it has now and, for each, whether it is local or a network bridge's
+//! subscription standing for consumers elsewhere (the path their demand came through). A
+//! bridge subscribes to these topics to learn where consumers are.
+//!
+//! Temporary queues are advertised so that request/reply works across a network
+//! (`bridgeTempDestinations`): the owner's own consumer of its temporary queue tells a bridge
+//! that replies sent to `/remote-temp-queue/haven-<owner>-<name>` on another broker must come
+//! here, and a bridge's consumer of that name on the other broker (a foreign temporary queue
+//! there) is advertised the same way. The `haven-advisory-for` header carries the remote form,
+//! the name a bridge subscribes to elsewhere. Temporary topics are not advertised: nobody
+//! else can consume them.
 //!
 //! This module owns the bookkeeping; the engine publishes. Per destination — keyed exactly as
 //! the subscriber named it, so a wildcard queue consumer (`a.>`) is advertised under its
@@ -30,7 +39,8 @@ pub(crate) const ADVISORY_TOPIC_PREFIX: &str = "ActiveMQ.Advisory.";
 pub(crate) const CONSUMER_ADVISORY_PREFIX: &str = "ActiveMQ.Advisory.Consumer.";
 /// Active consumers of the destination now (decimal, may be 0).
 pub(crate) const CONSUMER_COUNT_HEADER: &str = "consumerCount";
-/// The destination the advisory is about, in header form (`/queue/<name>`, `/topic/<name>`).
+/// The destination the advisory is about, in header form (`/queue/<name>`, `/topic/<name>`,
+/// `/remote-temp-queue/haven-<owner>-<name>`).
 pub(crate) const ADVISORY_FOR_HEADER: &str = "haven-advisory-for";
 /// One entry per consumer, in subscription order, joined by `;`: `-` for a local consumer,
 /// the demand path joined by `,` for a network consumer. Empty when there is none.
@@ -56,14 +66,16 @@ pub(crate) struct ConsumerAdvisories {
 }
 
 /// Whether consumers of `destination` are advertised: queues and topics, by name or pattern,
-/// except the advisory topics themselves; never temporary destinations (nobody else can
-/// consume them, so no bridge needs to know).
+/// except the advisory topics themselves; temporary queues (replies to them may arrive on
+/// another broker); never temporary topics (nobody else can consume them, so no bridge needs
+/// to know).
 pub(crate) fn advertised(destination: &Destination) -> bool {
     match destination {
         Destination::Queue(name) | Destination::Topic(name) => {
             !name.starts_with(ADVISORY_TOPIC_PREFIX)
         }
-        Destination::TempQueue { .. } | Destination::TempTopic { .. } => false,
+        Destination::TempQueue { .. } => true,
+        Destination::TempTopic { .. } => false,
     }
 }
 
@@ -72,9 +84,11 @@ pub(crate) fn advisory_topic(destination: &Destination) -> Destination {
     let name = match destination {
         Destination::Queue(name) => format!("{CONSUMER_ADVISORY_PREFIX}Queue.{name}"),
         Destination::Topic(name) => format!("{CONSUMER_ADVISORY_PREFIX}Topic.{name}"),
-        Destination::TempQueue { .. } | Destination::TempTopic { .. } => {
-            unreachable!("temporary destinations are not advertised")
+        // The remote form's name, as another broker's clients and bridges write it.
+        Destination::TempQueue { owner, name } => {
+            format!("{CONSUMER_ADVISORY_PREFIX}TempQueue.haven-{owner}-{name}")
         }
+        Destination::TempTopic { .. } => unreachable!("temporary topics are not advertised"),
     };
     Destination::Topic(name)
 }
@@ -237,12 +251,33 @@ mod tests {
     }
 
     #[test]
-    fn advisory_topics_and_temporary_destinations_are_not_advertised() {
+    fn a_temporary_queue_is_advertised_under_its_remote_name() {
+        let mut a = ConsumerAdvisories::default();
+        let tq = Destination::TempQueue {
+            owner: 7,
+            name: "r".into(),
+        };
+        assert!(advertised(&tq));
+        assert_eq!(
+            advisory_topic(&tq),
+            Destination::Topic("ActiveMQ.Advisory.Consumer.TempQueue.haven-7-r".into())
+        );
+        a.add(&tq, 7, "s", None);
+        a.add(&Destination::Queue("q".into()), 7, "q", None);
+        assert_eq!(
+            header(&a.headers(&tq), ADVISORY_FOR_HEADER),
+            "/remote-temp-queue/haven-7-r"
+        );
+        assert_eq!(a.matching("ActiveMQ.Advisory.Consumer.TempQueue.>"), [tq]);
+    }
+
+    #[test]
+    fn advisory_topics_and_temporary_topics_are_not_advertised() {
         assert!(advertised(&Destination::Queue("a.>".into())));
         assert!(!advertised(&Destination::Topic(
             "ActiveMQ.Advisory.Consumer.Queue.>".into()
         )));
-        assert!(!advertised(&Destination::TempQueue {
+        assert!(!advertised(&Destination::TempTopic {
             owner: 1,
             name: "r".into()
         }));

@@ -5,6 +5,14 @@
 //! by a durable queue, which durable queues hold it and the LSN of the record describing it.
 //! `advisories` counts each destination's active consumers for consumer advisories
 //! (`advisory.rs`); it changes only with subscriptions, so replay never touches it.
+//!
+//! A temporary queue (`QueueKey::Temp`) is owned by the connection that created it, listed in
+//! that connection's `temp_queues` and deleted when it closes; only it may consume the queue.
+//! A temporary queue whose owner is not a connection of this engine (another broker's, whose
+//! replies a network bridge carries back: ActiveMQ's `bridgeTempDestinations`) is *foreign*:
+//! owned by no connection, any connection may consume it, it is created by its first
+//! subscription and deleted, with what it holds, when its last consumer leaves
+//! (`drop_subscription`). A SEND never creates one, so nothing piles up where nobody reads.
 
 use crate::advisory::{self, ConsumerAdvisories, CONSUMER_ADVISORY_PREFIX};
 use crate::command::{AckRef, Command, NetworkConsumer, NewMessage, ProducerSeq, SubscribeOptions};
@@ -89,7 +97,7 @@ struct Sub {
     /// on while the queue has a local consumer (see `choose_consumer`).
     network: Option<NetworkConsumer>,
     /// The destination consumer advisories count it under, as it was subscribed; None for
-    /// browsers, temporary destinations and advisory topics.
+    /// browsers, temporary topics and advisory topics.
     advertised_as: Option<Destination>,
     /// Queue consumers only (a topic subscription's selector sits on its queue).
     selector: Option<Selector>,
@@ -135,6 +143,8 @@ struct Conn {
     deliveries: HashMap<u64, (String, u64, QueueId)>,
     next_tag: u64,
     txs: HashMap<String, Tx>,
+    /// The temporary queues it owns (`QueueKey::Temp { owner: this connection, .. }`), deleted
+    /// when it closes. Foreign temporary queues are in no connection's list.
     temp_queues: Vec<QueueId>,
     /// `haven-producer` claimed at CONNECT: this session is fenced once a newer one claims it.
     producer: Option<String>,
@@ -689,12 +699,18 @@ impl Engine {
             }
             _ => None,
         };
-        if let Destination::TempQueue { owner, .. } | Destination::TempTopic { owner, .. } =
-            &destination
-        {
-            if *owner != conn {
+        match &destination {
+            // Another live connection's: private to it. A foreign one (its owner is not a
+            // connection here) is open to any connection, a network bridge above all.
+            Destination::TempQueue { owner, .. }
+                if *owner != conn && self.conns.contains_key(owner) =>
+            {
                 return Err(EngineError::NotOwner);
             }
+            Destination::TempTopic { owner, .. } if *owner != conn => {
+                return Err(EngineError::NotOwner);
+            }
+            _ => {}
         }
         let prefetch = prefetch.clamp(1, self.cfg.prefetch_max);
         if options.browser {
@@ -999,6 +1015,14 @@ impl Engine {
         if let Some(d) = &sub.advertised_as {
             self.advisories.remove(d, conn, sub_id);
         }
+        if let [q] = sub.queues[..] {
+            if self.is_foreign_temp(q) && self.queue(q).consumers.is_empty() {
+                // Nobody can read it any more: volatile, so what it holds goes with it.
+                let mut queue = self.remove_queue(q);
+                drop(queue.drain_all().entries);
+                return;
+            }
+        }
         if sub.private_queue {
             let q = sub.queues[0];
             let topic = sub.topic.expect("private queues belong to topics");
@@ -1147,8 +1171,9 @@ impl Engine {
                     None if *owner == sender && self.conns.contains_key(owner) => {
                         vec![self.temp_queue(*owner, name)]
                     }
-                    // Its owner is gone, or never made it: nobody can ever read it, so the
-                    // message has nowhere to go (and must not pile up unread).
+                    // Its owner is gone or never made it, or it is another broker's and no
+                    // bridge subscribed to it: nobody can ever read it, so the message has
+                    // nowhere to go (and must not pile up unread).
                     None => return Vec::new(),
                 }
             }
@@ -1479,14 +1504,7 @@ impl Engine {
     /// A failed delivery (NACK, rollback, lost consumer): redeliver, or dead-letter it once it
     /// has failed too often.
     fn release(&mut self, conn: ConnId, tag: u64) {
-        let (q, seq) = self.take_delivery(conn, tag);
-        let mut entry = self
-            .queue_mut(q)
-            .inflight
-            .remove(&seq)
-            .expect("in flight")
-            .entry;
-        entry.redelivered = true;
+        let (q, entry) = self.take_back(conn, tag);
         let dlq = self.dlq_for(q, &entry.msg);
         let policy = self.redelivery_policy(&entry.msg.destination);
         match dlq {
@@ -1509,6 +1527,13 @@ impl Engine {
     /// A delivery returned unconsumed through no fault of the message (a network bridge's
     /// subscription ending): waiting again at once, redelivered, its failure count unchanged.
     fn give_back(&mut self, conn: ConnId, tag: u64) {
+        let (q, mut entry) = self.take_back(conn, tag);
+        entry.deliveries = entry.deliveries.saturating_sub(1);
+        self.queue_mut(q).push(entry);
+    }
+
+    /// An unacknowledged delivery taken back from its consumer, marked redelivered.
+    fn take_back(&mut self, conn: ConnId, tag: u64) -> (QueueId, Entry) {
         let (q, seq) = self.take_delivery(conn, tag);
         let mut entry = self
             .queue_mut(q)
@@ -1517,8 +1542,7 @@ impl Engine {
             .expect("in flight")
             .entry;
         entry.redelivered = true;
-        entry.deliveries = entry.deliveries.saturating_sub(1);
-        self.queue_mut(q).push(entry);
+        (q, entry)
     }
 
     /// The redelivery settings for messages sent to `destination`.
@@ -2022,6 +2046,9 @@ impl Engine {
         queue
     }
 
+    /// The temporary queue `name` of `owner`, created if needed: owned by `owner` when it is a
+    /// connection here, else foreign (the caller is subscribing to it, so it has a consumer at
+    /// once and is deleted with its last one).
     fn temp_queue(&mut self, owner: ConnId, name: &str) -> QueueId {
         let key = QueueKey::Temp {
             owner,
@@ -2031,12 +2058,21 @@ impl Engine {
             return q;
         }
         let q = self.add_queue(key);
-        self.conns
-            .get_mut(&owner)
-            .expect("owner connected")
-            .temp_queues
-            .push(q);
+        if let Some(c) = self.conns.get_mut(&owner) {
+            c.temp_queues.push(q);
+        }
         q
+    }
+
+    /// Whether `q` is a temporary queue no connection owns (see the module docs).
+    fn is_foreign_temp(&self, q: QueueId) -> bool {
+        match &self.queue(q).key {
+            QueueKey::Temp { owner, .. } => self
+                .conns
+                .get(owner)
+                .is_none_or(|c| !c.temp_queues.contains(&q)),
+            _ => false,
+        }
     }
 
     // ----------------------------------------------------------------------------------------
@@ -2639,6 +2675,41 @@ impl Engine {
             advertised,
             self.advisories.consumer_count(),
             "advisories count other consumers than the subscriptions"
+        );
+        let mut owned_temp = 0;
+        for (conn, c) in &self.conns {
+            for &q in &c.temp_queues {
+                let queue = self.queue(q);
+                assert!(
+                    matches!(&queue.key, QueueKey::Temp { owner, .. } if owner == conn),
+                    "connection {conn} owns {:?}",
+                    queue.key
+                );
+                assert!(
+                    queue.consumers.iter().all(|(cc, _)| cc == conn),
+                    "only the owner consumes its temporary queue"
+                );
+                owned_temp += 1;
+            }
+        }
+        for (q, queue) in self.queues.iter().enumerate() {
+            let Some(queue) = queue else { continue };
+            if !matches!(queue.key, QueueKey::Temp { .. }) {
+                continue;
+            }
+            if self.is_foreign_temp(q) {
+                assert!(
+                    !queue.consumers.is_empty(),
+                    "foreign {} outlived its last consumer",
+                    queue.key
+                );
+            } else {
+                owned_temp -= 1;
+            }
+        }
+        assert_eq!(
+            owned_temp, 0,
+            "an owned temporary queue listed twice or gone"
         );
         for queue in self.queues.iter().flatten() {
             let network = queue

@@ -2,7 +2,9 @@
 //! where consumers are (ActiveMQ's `ActiveMQ.Advisory.Consumer.*` topics, with each consumer's
 //! demand path), network consumers that rank below local ones and do not send a message back
 //! to a broker it came through while a local consumer is there, and de-duplication of
-//! forwarded messages by their network origin.
+//! forwarded messages by their network origin; and, for request/reply across brokers,
+//! temporary queues advertised under their remote name and open to a bridge on a broker where
+//! their owner is not a connection ("foreign" there).
 
 mod support;
 
@@ -282,7 +284,7 @@ fn topic_advisories_name_the_topic_or_pattern_as_subscribed_durable_or_not() {
 }
 
 #[test]
-fn browsers_temporary_destinations_and_advisory_subscribers_are_not_advertised() {
+fn browsers_temporary_topics_and_advisory_subscribers_are_not_advertised() {
     let mut h = Harness::new(EngineConfig::default());
     h.connect(1, None);
     h.connect(9, None);
@@ -299,7 +301,7 @@ fn browsers_temporary_destinations_and_advisory_subscribers_are_not_advertised()
     };
     let e = subscribe_with(&mut h, 1, "b", "/queue/orders", 10, browse);
     assert!(advisories(&e, 9).is_empty());
-    let e = h.subscribe(1, "t", "/temp-queue/replies", AckMode::Auto, 10);
+    let e = h.subscribe(1, "t", "/temp-topic/events", AckMode::Auto, 10);
     assert!(advisories(&e, 9).is_empty());
     let e = h.subscribe(1, "a", QUEUE_ADVISORIES, AckMode::Auto, 10);
     assert!(advisories(&e, 9).is_empty());
@@ -712,4 +714,239 @@ fn a_bridge_going_away_does_not_count_toward_the_dead_letter_queue() {
         SubscribeOptions::default(),
     );
     assert_eq!(bodies(&e), ["m"]);
+}
+
+// ------------------------------------------------------------------------------------------
+// Temporary queues across the network (`bridgeTempDestinations`)
+
+const TEMP_QUEUE_ADVISORIES: &str = "/topic/ActiveMQ.Advisory.Consumer.TempQueue.>";
+
+/// The temporary queues this engine has now.
+fn temp_queues(h: &Harness) -> Vec<QueueStats> {
+    h.engine
+        .queue_stats()
+        .into_iter()
+        .filter(|s| matches!(s.key, QueueKey::Temp { .. }))
+        .collect()
+}
+
+fn subscribe_network_cmd(conn: ConnId, sub: &str, dest: &str) -> Command {
+    Command::Subscribe {
+        conn,
+        sub_id: sub.into(),
+        destination: Destination::parse(dest, conn).unwrap(),
+        ack: AckMode::ClientIndividual,
+        prefetch: 10,
+        durable_name: None,
+        options: SubscribeOptions {
+            network: network(&["A"], 0),
+            ..Default::default()
+        },
+        receipt: None,
+    }
+}
+
+#[test]
+fn an_owners_temporary_queue_consumer_is_advertised_under_its_remote_name() {
+    let mut h = Harness::new(EngineConfig::default());
+    for c in [1, 8, 9] {
+        h.connect(c, None);
+    }
+    let remote = Destination::parse("/temp-queue/r", 1).unwrap().to_string();
+    assert_eq!(remote, "/remote-temp-queue/haven-1-r");
+    let tq = |count, demand| advisory("TempQueue.haven-1-r", &remote, count, demand);
+    h.subscribe(9, "adv", TEMP_QUEUE_ADVISORIES, AckMode::Auto, 100);
+    h.subscribe(9, "q-adv", QUEUE_ADVISORIES, AckMode::Auto, 100);
+    let e = h.subscribe(1, "r", "/temp-queue/r", AckMode::Auto, 10);
+    assert_eq!(
+        advisories(&e, 9),
+        [tq(1, "-")],
+        "once, on the TempQueue topic only"
+    );
+
+    // A bridge connecting later learns of it from the snapshot, by either pattern.
+    let e = h.subscribe(8, "adv", TEMP_QUEUE_ADVISORIES, AckMode::Auto, 100);
+    assert_eq!(advisories(&e, 8), [tq(1, "-")]);
+    let everything = "/topic/ActiveMQ.Advisory.Consumer.>";
+    let e = h.subscribe(8, "all", everything, AckMode::Auto, 100);
+    assert_eq!(advisories(&e, 8), [tq(1, "-")]);
+
+    let e = h.close(1);
+    assert_eq!(advisories(&e, 9), [tq(0, "")]);
+    assert_eq!(
+        advisories(&e, 8),
+        [tq(0, ""), tq(0, "")],
+        "one per subscription of 8"
+    );
+    assert!(
+        h.log.is_empty(),
+        "advisories and temporary queues write no record"
+    );
+    let e = h.subscribe(8, "late", TEMP_QUEUE_ADVISORIES, AckMode::Auto, 100);
+    assert!(
+        advisories(&e, 8).is_empty(),
+        "no consumers: not in a snapshot"
+    );
+}
+
+#[test]
+fn a_bridge_may_consume_a_foreign_temporary_queue_until_its_last_consumer_leaves() {
+    // Broker B: the temporary queue is broker A's connection 999's, not a connection here.
+    let mut b = Harness::new(EngineConfig::default());
+    for c in [1, 2, 3, 9] {
+        b.connect(c, None);
+    }
+    let reply_to = "/remote-temp-queue/haven-999-r";
+    b.subscribe(9, "adv", TEMP_QUEUE_ADVISORIES, AckMode::Auto, 100);
+    let e = subscribe_network(&mut b, 1, "to-a", reply_to, 10, &["A"], 0);
+    assert_eq!(
+        advisories(&e, 9),
+        [advisory("TempQueue.haven-999-r", reply_to, 1, "A")]
+    );
+    let foreign = QueueKey::Temp {
+        owner: 999,
+        name: "r".into(),
+    };
+    let stats = temp_queues(&b);
+    assert_eq!(stats.len(), 1);
+    assert_eq!((&stats[0].key, stats[0].consumers), (&foreign, 1));
+
+    // A replier here sends to the name it read in reply-to: the bridge gets it.
+    let e = b.send(2, reply_to, "reply-1", true);
+    assert_eq!(to_conn(&e, 1), ["reply-1"]);
+    assert_eq!(receipts(&e), ["r-reply-1"]);
+    // A second bridge joins the queue; the first one leaves, the queue stays.
+    subscribe_network(&mut b, 3, "to-a", reply_to, 10, &["A"], 0);
+    let e = unsubscribe(&mut b, 1, "to-a");
+    assert_eq!(
+        advisories(&e, 9),
+        [advisory("TempQueue.haven-999-r", reply_to, 1, "A")]
+    );
+    assert_eq!(
+        to_conn(&e, 3),
+        ["reply-1"],
+        "what the first bridge held goes to the other"
+    );
+    assert_eq!(temp_queues(&b).len(), 1);
+    // Unacknowledged when the last consumer leaves: dropped with the queue.
+    let e = b.send(2, reply_to, "reply-2", true);
+    assert_eq!(to_conn(&e, 3), ["reply-2"]);
+    let e = b.close(3);
+    assert_eq!(
+        advisories(&e, 9),
+        [advisory("TempQueue.haven-999-r", reply_to, 0, "")]
+    );
+    assert!(temp_queues(&b).is_empty(), "deleted with its last consumer");
+
+    // Now a reply has nowhere to go: dropped, not stored, not an error.
+    let e = b.send(2, reply_to, "late", true);
+    assert_eq!(receipts(&e), ["r-late"]);
+    assert!(deliveries(&e).is_empty());
+    assert!(
+        temp_queues(&b).is_empty(),
+        "a SEND creates no foreign queue"
+    );
+    assert!(b.engine.durable_contents().is_empty());
+    assert!(b.log.is_empty(), "temporary queues are never logged");
+    // A bridge subscribing again starts empty: nothing was kept for it.
+    b.connect(4, None);
+    let e = subscribe_network(&mut b, 4, "to-a", reply_to, 10, &["A"], 0);
+    assert!(to_conn(&e, 4).is_empty(), "{:?}", bodies(&e));
+    assert_eq!(temp_queues(&b).len(), 1);
+}
+
+#[test]
+fn a_reply_sent_on_another_broker_comes_back_to_the_owners_temporary_queue() {
+    // Connection ids differ between brokers, as the server's (boot time based) do.
+    let (x, bridge_a) = (101, 109);
+    let (y, bridge_b) = (201, 209);
+    let mut a = Harness::new(EngineConfig::default());
+    let mut b = Harness::new(EngineConfig::default());
+    a.connect(x, None);
+    a.connect(bridge_a, None);
+    b.connect(y, None);
+    b.connect(bridge_b, None);
+
+    // X listens on its temporary queue; the bridge on A learns of it from the snapshot.
+    a.subscribe(x, "replies", "/temp-queue/r", AckMode::Auto, 10);
+    let e = a.subscribe(bridge_a, "adv", TEMP_QUEUE_ADVISORIES, AckMode::Auto, 100);
+    let learned = advisories(&e, bridge_a);
+    assert_eq!(learned.len(), 1);
+    let reply_to = learned[0].about.clone();
+    assert_eq!(reply_to, "/remote-temp-queue/haven-101-r");
+
+    // The bridge subscribes to that name on B for A's consumer.
+    subscribe_network(&mut b, bridge_b, "to-a", &reply_to, 10, &["A"], 0);
+    // Y on B replies to the reply-to it read in the forwarded request.
+    let e = b.send(y, &reply_to, "answer", false);
+    let got = deliveries(&e);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, bridge_b);
+    // The bridge forwards it to A under its destination's name; X receives it.
+    let forwarded = got[0].1.message.destination.to_string();
+    assert_eq!(forwarded, reply_to);
+    let e = a.send(bridge_a, &forwarded, "answer", false);
+    assert_eq!(to_conn(&e, x), ["answer"]);
+}
+
+#[test]
+fn a_live_connections_temporary_queue_is_still_refused_to_others() {
+    let mut h = Harness::new(EngineConfig::default());
+    h.connect(1, None);
+    h.connect(2, None);
+    // Whether or not the owner made the queue yet, and a network consumer too.
+    for subscribed in [false, true] {
+        if subscribed {
+            h.subscribe(1, "r", "/temp-queue/r", AckMode::Auto, 10);
+        }
+        let e = h.cmd(subscribe_network_cmd(
+            2,
+            "x",
+            "/remote-temp-queue/haven-1-r",
+        ));
+        assert_eq!(e.unwrap_err(), EngineError::NotOwner);
+    }
+    // A foreign temporary topic stays private too.
+    let e = h.cmd(subscribe_network_cmd(
+        2,
+        "t",
+        "/remote-temp-topic/haven-999-t",
+    ));
+    assert_eq!(e.unwrap_err(), EngineError::NotOwner);
+    // Once the owner is gone the queue is foreign: open, and empty.
+    h.send(2, "/remote-temp-queue/haven-1-r", "before-close", true);
+    h.close(1);
+    let e = h.ok(subscribe_network_cmd(
+        2,
+        "x",
+        "/remote-temp-queue/haven-1-r",
+    ));
+    assert!(
+        deliveries(&e).is_empty(),
+        "the owner's queue went with it: {:?}",
+        bodies(&e)
+    );
+    assert_eq!(temp_queues(&h)[0].consumers, 1);
+}
+
+#[test]
+fn a_send_to_a_foreign_temporary_queue_nobody_subscribed_is_dropped() {
+    let mut h = Harness::new(EngineConfig::default());
+    h.connect(2, None);
+    let e = h.send(2, "/remote-temp-queue/haven-999-r", "nobody", true);
+    assert_eq!(receipts(&e), ["r-nobody"]);
+    assert!(deliveries(&e).is_empty());
+    assert!(temp_queues(&h).is_empty(), "nothing piles up");
+    assert!(h.engine.queue_stats().is_empty());
+    assert!(h.log.is_empty());
+    let e = h.ok(subscribe_network_cmd(
+        2,
+        "x",
+        "/remote-temp-queue/haven-999-r",
+    ));
+    assert!(
+        deliveries(&e).is_empty(),
+        "it was not kept: {:?}",
+        bodies(&e)
+    );
 }

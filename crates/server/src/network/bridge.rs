@@ -352,17 +352,12 @@ impl<'a> Direction<'a> {
 
     async fn run(mut self) -> Result<std::convert::Infallible, SessionError> {
         let sink = self.sink.clone();
-        let subscribe = |topic| {
-            let sink = sink.clone();
-            async move {
-                sink.conn
-                    .subscribe(topic, AckMode::Auto, &[])
-                    .await
-                    .map_err(|e| Self::err(&sink, e))
-            }
-        };
-        let mut queue_adv = subscribe(QUEUE_ADVISORIES).await?;
-        let mut topic_adv = subscribe(TOPIC_ADVISORIES).await?;
+        // Queues, topics and temporary queues: the current state first, then every change.
+        let mut advisories = sink
+            .conn
+            .subscribe(CONSUMER_ADVISORIES, AckMode::Auto, &[])
+            .await
+            .map_err(|e| Self::err(&sink, e))?;
         for destination in self.filter.statics().to_vec() {
             self.open(&destination, vec![self.sink.name.clone()], true);
         }
@@ -371,11 +366,7 @@ impl<'a> Direction<'a> {
         let mut staged = Vec::new();
         loop {
             tokio::select! {
-                m = queue_adv.next() => match m {
-                    Some(m) => self.on_advisory(&m),
-                    None => return Err(Self::err(&sink, sink.conn.closed().await)),
-                },
-                m = topic_adv.next() => match m {
+                m = advisories.next() => match m {
                     Some(m) => self.on_advisory(&m),
                     None => return Err(Self::err(&sink, sink.conn.closed().await)),
                 },
@@ -451,12 +442,17 @@ impl<'a> Direction<'a> {
     fn reconcile(&mut self, destination: &str) {
         let cfg = &self.spec.cfg;
         let entries = self.demand.get(destination).cloned().unwrap_or_default();
-        let follows = self.filter.follows_demand(destination)
-            // A wildcard queue consumer would take excluded queues' messages too.
-            && !(destination.starts_with("/queue/")
-                && haven_engine::is_wildcard(destination)
-                && !cfg.excluded_destinations.is_empty())
-            && filter::split(destination).is_some();
+        let follows = if destination.starts_with(filter::TEMP_QUEUE_PREFIX) {
+            // Replies to a temporary queue of the sink's (request/reply across the network).
+            cfg.bridge_temp_destinations
+        } else {
+            self.filter.follows_demand(destination)
+                // A wildcard queue consumer would take excluded queues' messages too.
+                && !(destination.starts_with("/queue/")
+                    && haven_engine::is_wildcard(destination)
+                    && !cfg.excluded_destinations.is_empty())
+                && filter::split(destination).is_some()
+        };
         let mut want = if follows {
             demand::wanted(
                 &entries,

@@ -5,6 +5,9 @@
 
 use haven_engine::wildcard_matches;
 
+/// How a temporary queue of another connection is named (`/remote-temp-queue/haven-<c>-<n>`).
+pub const TEMP_QUEUE_PREFIX: &str = "/remote-temp-queue/";
+
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     statics: Vec<String>,

@@ -26,6 +26,6 @@ pub const PENALTY_HEADER: &str = "haven-net-priority-penalty";
 pub const ADVISORY_FOR_HEADER: &str = "haven-advisory-for";
 pub const ADVISORY_DEMAND_HEADER: &str = "haven-demand";
 
-/// Where consumer advisories are published (ActiveMQ's names); a bridge subscribes to both.
-pub const QUEUE_ADVISORIES: &str = "/topic/ActiveMQ.Advisory.Consumer.Queue.>";
-pub const TOPIC_ADVISORIES: &str = "/topic/ActiveMQ.Advisory.Consumer.Topic.>";
+/// Where consumer advisories are published (ActiveMQ's names: `...Consumer.Queue.<name>`,
+/// `...Consumer.Topic.<name>`, `...Consumer.TempQueue.<name>`); a bridge subscribes to all.
+pub const CONSUMER_ADVISORIES: &str = "/topic/ActiveMQ.Advisory.Consumer.>";

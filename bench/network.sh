@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Forwarding throughput of a network of two brokers, A -> B (issue 8's target), against a
+# standalone broker, same run, alternating: scenario (c) of BENCHMARKS.md (4 producers /
+# 4 consumers, 1 KiB persistent, RECEIPT every 100). The producers send to A and the
+# consumers read from B, so every message crosses the bridge (stored on A, forwarded, stored
+# on B, removed from A after B's RECEIPT). Both brokers run on this machine and its one disk.
+# Extra connector keys (e.g. "prefetch_size = 5000") may be given in NETWORK_EXTRA.
+#
+#   bash bench/network.sh [REPS] [COUNT]
+source "$(dirname "${BASH_SOURCE[0]}")/ha_common.sh" "$@"
+printf '[broker]\nname = "B"\n' > "$WORK/b.toml"
+printf '[broker]\nname = "A"\n\n[[network]]\nuri = "static:(tcp://127.0.0.1:17302)"\n%s\n' \
+    "${NETWORK_EXTRA:-}" > "$WORK/a.toml"
+for rep in $(seq 1 "$REPS"); do
+    bench_standalone "$rep"
+    rm -rf "$WORK"/net-*
+    "$BIN" run --config "$WORK/b.toml" --data "$WORK/net-b" --stomp 127.0.0.1:17302 2>"$WORK/b.log" & PIDS+=($!)
+    "$BIN" run --config "$WORK/a.toml" --data "$WORK/net-a" --stomp 127.0.0.1:17301 2>"$WORK/a.log" & PIDS+=($!)
+    wait_port 17302
+    wait_port 17301
+    line=$("$BIN" bench --url 127.0.0.1:17301 --consume-url 127.0.0.1:17302 --producers 4 \
+        --consumers 4 --size 1024 --receipt-every 100 --count "$COUNT" --json 2>/dev/null | tail -1)
+    echo "rep $rep network $line"
+    kill "${PIDS[-1]}" "${PIDS[-2]}"; wait 2>/dev/null || true
+done
