@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -74,26 +74,15 @@ pub(crate) struct Spec {
     pub cfg: NetworkConnector,
 }
 
-/// What a bridge is doing, for log lines and (later) the admin API.
+/// A bridge's counters across its sessions, for its log lines.
 #[derive(Debug, Default)]
-pub(crate) struct Stats {
+struct Stats {
     /// Messages sent to the remote broker and acknowledged here.
-    pub forwarded_out: AtomicU64,
+    forwarded_out: AtomicU64,
     /// Messages brought from the remote broker (duplex) and acknowledged there.
-    pub forwarded_in: AtomicU64,
+    forwarded_in: AtomicU64,
     /// Topic copies not forwarded (the remote broker has had them, or the hop limit).
-    pub skipped: AtomicU64,
-    /// Sessions started (1 + reconnections).
-    pub sessions: AtomicU64,
-    pub state: Mutex<String>,
-    /// Demand subscriptions open now, both directions.
-    pub subscriptions: AtomicU64,
-}
-
-impl Stats {
-    fn set_state(&self, s: String) {
-        *self.state.lock().expect("stats poisoned") = s;
-    }
+    skipped: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,14 +102,12 @@ enum SessionError {
 
 /// Runs the bridge until the task is aborted (the broker stopping), reconnecting after every
 /// failure with back-off.
-pub(crate) async fn run(spec: Spec, stats: Arc<Stats>) {
+pub(crate) async fn run(spec: Spec) {
+    let stats = Stats::default();
     let mut delay_ms = spec.cfg.reconnect_delay_ms;
     loop {
-        stats.sessions.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let err = session(&spec, &stats).await;
-        stats.subscriptions.store(0, Ordering::Relaxed);
-        stats.set_state(format!("down: {err}"));
         if started.elapsed() >= Duration::from_millis(HEALTHY_SESSION_MS) {
             delay_ms = spec.cfg.reconnect_delay_ms;
         }
@@ -141,7 +128,7 @@ struct Side {
     role: &'static str,
 }
 
-async fn session(spec: &Spec, stats: &Arc<Stats>) -> SessionError {
+async fn session(spec: &Spec, stats: &Stats) -> SessionError {
     match session_inner(spec, stats).await {
         Ok(never) => match never {},
         Err(e) => e,
@@ -150,7 +137,7 @@ async fn session(spec: &Spec, stats: &Arc<Stats>) -> SessionError {
 
 async fn session_inner(
     spec: &Spec,
-    stats: &Arc<Stats>,
+    stats: &Stats,
 ) -> Result<std::convert::Infallible, SessionError> {
     let cfg = &spec.cfg;
     let mut remote_opts = ConnectOptions {
@@ -207,7 +194,6 @@ async fn session_inner(
         duplex = cfg.duplex,
         "bridge up"
     );
-    stats.set_state(format!("up: {remote_name} at {remote_addr}"));
     let filter = Filter::new(
         &cfg.statically_included_destinations,
         &cfg.dynamically_included_destinations,
@@ -300,7 +286,7 @@ struct Direction<'a> {
     filter: &'a Filter,
     source: Arc<Side>,
     sink: Arc<Side>,
-    stats: &'a Arc<Stats>,
+    stats: &'a Stats,
     /// True for local → remote.
     outbound: bool,
     /// Per destination: the demand entries of the sink's latest advisory.
@@ -321,7 +307,7 @@ impl<'a> Direction<'a> {
         filter: &'a Filter,
         source: Arc<Side>,
         sink: Arc<Side>,
-        stats: &'a Arc<Stats>,
+        stats: &'a Stats,
         outbound: bool,
     ) -> Direction<'a> {
         let (events_tx, events_rx) = mpsc::channel(EVENTS_QUEUED_MAX);
@@ -552,7 +538,6 @@ impl<'a> Direction<'a> {
                 _task: Task(task),
             },
         );
-        self.stats.subscriptions.fetch_add(1, Ordering::Relaxed);
     }
 
     fn close(&mut self, id: &str) {
@@ -572,7 +557,6 @@ impl<'a> Direction<'a> {
             .remove(id)
             .expect("unsubscribing a known subscription");
         assert!(sub.pending.is_empty(), "unsubscribed with messages pending");
-        self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
         let source = self.source.clone();
         let events = self.events_tx.clone();
         let id = id.to_string();
@@ -601,13 +585,13 @@ impl<'a> Direction<'a> {
         if sub.state == SubState::Closing {
             return None;
         }
-        let destination = m.destination.clone();
+        let destination = m.destination.as_str();
         let topic = destination.starts_with("/topic/");
         let msg_path = m
             .header(PATH_HEADER)
             .and_then(path::parse)
             .unwrap_or_default();
-        let route = if topic && self.filter.is_excluded(&destination) {
+        let route = if topic && self.filter.is_excluded(destination) {
             path::Route::Skip
         } else {
             path::route(
@@ -622,7 +606,7 @@ impl<'a> Direction<'a> {
             path::Route::Skip => None,
             path::Route::Forward(p) => Some(Frame {
                 command: Command::Send,
-                headers: forwarded_headers(&m, &destination, &self.source.store, &p),
+                headers: forwarded_headers(&m, destination, &self.source.store, &p),
                 body: m.body.clone(),
             }),
         };

@@ -14,7 +14,6 @@ pub mod path;
 
 use crate::config::{is_destination_pattern, NetworkConnector};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
 
 /// Longest `prefetch_size`: a bridge's connection buffers a whole window per subscription.
 const PREFETCH_MAX: u32 = 100_000;
@@ -140,8 +139,7 @@ pub(crate) fn start(
                 here: config.broker.name.clone(),
                 cfg: n.clone(),
             };
-            let stats = Arc::new(bridge::Stats::default());
-            tasks.push(tokio::spawn(bridge::run(spec, stats)));
+            tasks.push(tokio::spawn(bridge::run(spec)));
         }
     }
     Network { tasks }
