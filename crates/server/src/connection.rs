@@ -34,6 +34,20 @@ pub(crate) struct Shared {
     pub core: mpsc::Sender<CoreMsg>,
     /// Announced as `haven-store` in CONNECTED (see `store_id.rs`).
     pub store_id: String,
+    /// The next connection id (see `next_conn_id`).
+    pub next_conn: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    /// A connection id never used before by this broker, for a socket or a bridge's
+    /// in-process connection. Ids name temporary destinations
+    /// (`/remote-temp-queue/haven-<conn>-<name>`): the counter starts from the boot time
+    /// (`boot_id << 20`) so a stale reply-to from an earlier run cannot reach a new
+    /// connection that happens to get the same number.
+    pub fn next_conn_id(&self) -> ConnId {
+        self.next_conn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Bytes buffered for the socket beyond which the writer flushes mid-batch.
@@ -561,13 +575,22 @@ fn producer_seq(frame: &Frame) -> Result<Option<ProducerSeq>, String> {
     }
 }
 
-/// Turns a client frame into an engine command, or says what is wrong with it.
 /// Why a frame did not become exactly one command.
-enum Refusal {
+pub(crate) enum Refusal {
     /// Malformed: this message goes into the ERROR frame.
     Bad(String),
     /// A SEND to a composite destination (`/queue/a,/topic/b`): one command per destination.
     Composite(Vec<Command>),
+}
+
+impl Refusal {
+    /// What to tell whoever sent the frame.
+    pub fn message(&self) -> &str {
+        match self {
+            Refusal::Bad(message) => message,
+            Refusal::Composite(_) => "a SEND to several destinations is not one command",
+        }
+    }
 }
 
 impl From<String> for Refusal {
@@ -585,7 +608,8 @@ impl From<&str> for Refusal {
 /// Most destinations one composite SEND may name.
 const COMPOSITE_DESTINATIONS_MAX: usize = 64;
 
-fn translate(
+/// Turns a client frame into an engine command, or says what is wrong with it.
+pub(crate) fn translate(
     conn: ConnId,
     frame: &Frame,
     version: Version,

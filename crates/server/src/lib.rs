@@ -274,16 +274,11 @@ impl Server {
             config,
             core: core_tx,
             store_id,
+            next_conn: AtomicU64::new(boot_id << 20),
         });
-        let network = network::start(&shared.config, local_addr, shared.users.internal());
+        let network = network::start(&shared);
         let open = Arc::new(AtomicUsize::new(0));
-        let accept = tokio::spawn(accept_loop(
-            listener,
-            shared,
-            stop_rx,
-            open.clone(),
-            boot_id,
-        ));
+        let accept = tokio::spawn(accept_loop(listener, shared, stop_rx, open.clone()));
         tracing::info!(stomp = %local_addr, "haven listening");
         Ok(Server {
             local_addr,
@@ -351,12 +346,7 @@ async fn accept_loop(
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
-    boot_id: u64,
 ) {
-    // Connection ids name temporary destinations (`/remote-temp-queue/haven-<conn>-<name>`):
-    // starting from the boot time keeps a stale reply-to from an earlier run from reaching a
-    // new connection that happens to get the same number.
-    let next_conn = AtomicU64::new(boot_id << 20);
     let max = shared.config.stomp.connections_max;
     loop {
         // Stop first: a flood of connections must not keep the broker from stopping.
@@ -380,7 +370,7 @@ async fn accept_loop(
             continue;
         }
         open.fetch_add(1, Ordering::Relaxed);
-        let conn = next_conn.fetch_add(1, Ordering::Relaxed);
+        let conn = shared.next_conn_id();
         let shared = shared.clone();
         let open = open.clone();
         tokio::spawn(async move {

@@ -1,8 +1,8 @@
 //! One bridge: this broker's connection to one remote broker (or to whichever broker of an HA
 //! group serves), carrying messages toward the consumers the other side announces.
 //!
-//! A bridge is two STOMP connections made with `haven-client`: one to the remote broker and
-//! one to this broker's own listener. Each *direction* — local → remote always, remote → local
+//! A bridge has two ends (`link.rs`): a STOMP connection to the remote broker made with
+//! `haven-client`, and a connection to this broker in process (`local.rs`). Each *direction* — local → remote always, remote → local
 //! too with `duplex` — reads the consumer advisories of the side it forwards to (its *sink*),
 //! keeps one subscription on the other side (its *source*) for each demand it follows
 //! (`demand.rs`), and forwards what those subscriptions receive:
@@ -27,11 +27,14 @@
 
 use super::filter::{self, Filter};
 use super::headers::*;
+use super::link::{Delivered, Link, Receipt};
+use super::local::LocalConn;
 use super::{demand, path};
 use crate::config::NetworkConnector;
+use crate::connection::Shared;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use haven_client::{AckMode, ClientError, Command, ConnectOptions, Connection, Frame, Message};
+use haven_client::{AckMode, ClientError, ConnectOptions, Connection, Frame};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -59,18 +62,13 @@ const BATCH_MESSAGES_MAX: usize = 1024;
 const REPORT_INTERVAL_MS: u64 = 10_000;
 
 /// What one bridge is to do.
-#[derive(Clone, Debug)]
 pub(crate) struct Spec {
     /// `connector → remote` for log lines.
     pub label: String,
     /// `tcp://host:port` of the remote broker, or of every broker of its HA group.
     pub remote: Vec<String>,
-    /// This broker's own listener.
-    pub local: String,
-    /// Credentials for this broker's own listener.
-    pub local_login: (String, String),
-    /// This broker's name.
-    pub here: String,
+    /// This broker.
+    pub here: Arc<Shared>,
     pub cfg: NetworkConnector,
 }
 
@@ -119,7 +117,7 @@ pub(crate) async fn run(spec: Spec) {
 
 /// One broker's end of a session.
 struct Side {
-    conn: Arc<Connection>,
+    link: Link,
     /// Broker name (paths and demand).
     name: String,
     /// Store id (origins); the name for a broker that does not announce one.
@@ -156,34 +154,27 @@ async fn session_inner(
     if !path::valid_name(&remote_name) {
         return Err(SessionError::BadName(remote_name));
     }
-    if remote_name == spec.here {
-        return Err(SessionError::SameName(remote_name));
-    }
-    let local_opts = ConnectOptions {
-        login: Some(spec.local_login.0.clone()),
-        passcode: Some(spec.local_login.1.clone()),
-        ..remote_opts
-    };
-    let local_conn = Connection::connect(&spec.local, local_opts)
+    let local_conn = LocalConn::connect(spec.here.clone())
         .await
         .map_err(|source| SessionError::Client {
             side: "this broker",
             source,
         })?;
-    let store_of = |c: &Connection, name: &str| {
-        c.connected_header("haven-store")
-            .unwrap_or(name)
-            .to_string()
-    };
+    if remote_name == local_conn.broker_name() {
+        return Err(SessionError::SameName(remote_name));
+    }
     let local = Arc::new(Side {
-        store: store_of(&local_conn, &spec.here),
-        conn: Arc::new(local_conn),
-        name: spec.here.clone(),
+        store: local_conn.store_id().to_string(),
+        name: local_conn.broker_name().to_string(),
+        link: Link::Local(local_conn),
         role: "this broker",
     });
     let remote = Arc::new(Side {
-        store: store_of(&remote_conn, &remote_name),
-        conn: Arc::new(remote_conn),
+        store: remote_conn
+            .connected_header("haven-store")
+            .unwrap_or(&remote_name)
+            .to_string(),
+        link: Link::Remote(remote_conn),
         name: remote_name.clone(),
         role: "remote broker",
     });
@@ -210,8 +201,8 @@ async fn session_inner(
         out.run().await
     };
     // Whatever was not acknowledged is delivered again to the next session.
-    local.conn.close_now();
-    remote.conn.close_now();
+    local.link.close_now();
+    remote.link.close_now();
     result
 }
 
@@ -235,7 +226,7 @@ async fn connect_any(
 enum Event {
     /// The SUBSCRIBE was receipted: messages may come, and UNSUBSCRIBE may be sent.
     Opened(String),
-    Message(String, Message),
+    Message(String, Delivered),
     Failed(SessionError),
 }
 
@@ -257,7 +248,7 @@ struct DemandSub {
     /// Delivered and handled (forwarded, or skipped), not yet acknowledged, in delivery
     /// order, each with the batch whose RECEIPT it waits for (0: none) and whether it was
     /// sent (not skipped).
-    pending: VecDeque<(Message, u64, bool)>,
+    pending: VecDeque<(Delivered, u64, bool)>,
     _task: Task,
 }
 
@@ -275,7 +266,7 @@ type Confirming = Pin<Box<dyn Future<Output = (u64, Result<(), ClientError>)> + 
 /// One message read from a subscription and what to do with it.
 struct Staged {
     sub_id: String,
-    message: Message,
+    message: Delivered,
     /// The SEND to the sink; None: acknowledged without sending.
     send: Option<Frame>,
 }
@@ -340,7 +331,7 @@ impl<'a> Direction<'a> {
         let sink = self.sink.clone();
         // Queues, topics and temporary queues: the current state first, then every change.
         let mut advisories = sink
-            .conn
+            .link
             .subscribe(CONSUMER_ADVISORIES, AckMode::Auto, &[])
             .await
             .map_err(|e| Self::err(&sink, e))?;
@@ -354,7 +345,7 @@ impl<'a> Direction<'a> {
             tokio::select! {
                 m = advisories.next() => match m {
                     Some(m) => self.on_advisory(&m),
-                    None => return Err(Self::err(&sink, sink.conn.closed().await)),
+                    None => return Err(Self::err(&sink, sink.link.closed().await)),
                 },
                 Some(event) = self.events_rx.recv() => {
                     // Everything that has arrived goes out as one batch.
@@ -407,12 +398,17 @@ impl<'a> Direction<'a> {
         }
     }
 
-    fn on_advisory(&mut self, m: &Message) {
+    fn on_advisory(&mut self, m: &Delivered) {
         let (Some(destination), Some(entries)) = (
             m.header(ADVISORY_FOR_HEADER),
             m.header(ADVISORY_DEMAND_HEADER).and_then(demand::parse),
         ) else {
-            tracing::warn!(bridge = %self.spec.label, headers = ?m.headers, "unreadable consumer advisory ignored");
+            tracing::warn!(
+                bridge = %self.spec.label,
+                advisory_for = ?m.header(ADVISORY_FOR_HEADER),
+                demand = ?m.header(ADVISORY_DEMAND_HEADER),
+                "unreadable consumer advisory ignored"
+            );
             return;
         };
         let destination = destination.to_string();
@@ -504,7 +500,7 @@ impl<'a> Direction<'a> {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            let mut sub = match source.conn.subscribe(&dest, AckMode::Client, &h).await {
+            let mut sub = match source.link.subscribe(&dest, AckMode::Client, &h).await {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = events.send(Event::Failed(Self::err(&source, e))).await;
@@ -523,7 +519,7 @@ impl<'a> Direction<'a> {
                     return;
                 }
             }
-            let e = source.conn.closed().await;
+            let e = source.link.closed().await;
             let _ = events.send(Event::Failed(Self::err(&source, e))).await;
         });
         tracing::debug!(bridge = %self.spec.label, %destination, demand = %path::format(&demand_path), "demand subscription");
@@ -562,7 +558,7 @@ impl<'a> Direction<'a> {
         let id = id.to_string();
         // The subscription's task ends with `sub`; the UNSUBSCRIBE runs on its own.
         tokio::spawn(async move {
-            if let Err(e) = source.conn.unsubscribe_id(&id, &[]).await {
+            if let Err(e) = source.link.unsubscribe_id(&id).await {
                 let _ = events.send(Event::Failed(Self::err(&source, e))).await;
             }
         });
@@ -580,12 +576,13 @@ impl<'a> Direction<'a> {
 
     /// What to do with a delivered message; None when its subscription is going away (it is
     /// left unacknowledged, and the source delivers it elsewhere once unsubscribed).
-    fn stage(&mut self, sub_id: String, m: Message) -> Option<Staged> {
+    fn stage(&mut self, sub_id: String, m: Delivered) -> Option<Staged> {
         let sub = self.subs.get(&sub_id)?;
         if sub.state == SubState::Closing {
             return None;
         }
-        let destination = m.destination.as_str();
+        let destination = m.destination();
+        let destination = destination.as_ref();
         let topic = destination.starts_with("/topic/");
         let msg_path = m
             .header(PATH_HEADER)
@@ -604,11 +601,7 @@ impl<'a> Direction<'a> {
         };
         let send = match route {
             path::Route::Skip => None,
-            path::Route::Forward(p) => Some(Frame {
-                command: Command::Send,
-                headers: forwarded_headers(&m, destination, &self.source.store, &p),
-                body: m.body.clone(),
-            }),
+            path::Route::Forward(p) => Some(m.forward(destination, &self.source.store, &p)),
         };
         Some(Staged {
             sub_id,
@@ -636,12 +629,12 @@ impl<'a> Direction<'a> {
             if let Some(frame) = s.send.take() {
                 sent += 1;
                 if sent < sends {
-                    self.sink.conn.raw_send_frame(frame).await
+                    self.sink.link.send(frame).await
                 } else {
-                    let receipt = self
+                    let receipt: Receipt = self
                         .sink
-                        .conn
-                        .send_frame_with_receipt(frame)
+                        .link
+                        .send_with_receipt(frame)
                         .await
                         .map_err(|e| Self::err(&self.sink, e))?;
                     self.unconfirmed.insert(batch);
@@ -692,7 +685,7 @@ impl<'a> Direction<'a> {
             if let Some(m) = last {
                 // Cumulative: every earlier message of the subscription with it.
                 self.source
-                    .conn
+                    .link
                     .ack(&m)
                     .await
                     .map_err(|e| Self::err(&self.source, e))?;
@@ -706,83 +699,5 @@ impl<'a> Direction<'a> {
             self.unsubscribe(&id);
         }
         Ok(())
-    }
-}
-
-/// Headers of the SEND that forwards a delivered message: its destination, then the message's
-/// own headers less what the source broker set for this delivery and what would steer the sink
-/// wrongly, then its origin and path.
-fn forwarded_headers(
-    m: &Message,
-    destination: &str,
-    origin_store: &str,
-    next_path: &[String],
-) -> Vec<(String, String)> {
-    const DROPPED: &[&str] = &[
-        "destination",
-        "message-id",
-        "subscription",
-        "ack",
-        "redelivered",
-        "delivery-count",
-        "content-length",
-        "receipt",
-        "transaction",
-        "haven-producer",
-        "haven-seq",
-        ORIGIN_HEADER,
-        PATH_HEADER,
-    ];
-    let mut out: Vec<(String, String)> = Vec::with_capacity(m.headers.len() + 3);
-    out.push(("destination".into(), destination.to_string()));
-    for (k, v) in &m.headers {
-        if DROPPED.contains(&k.as_str()) || out.iter().any(|(k2, _)| k2 == k) {
-            continue;
-        }
-        out.push((k.clone(), v.clone()));
-    }
-    out.push((
-        ORIGIN_HEADER.into(),
-        format!("{origin_store}/{}", m.message_id),
-    ));
-    if !next_path.is_empty() {
-        out.push((PATH_HEADER.into(), path::format(next_path)));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::Bytes;
-
-    #[test]
-    fn forwarded_headers_keep_the_application_s_and_name_the_origin() {
-        let m = Message::from_headers(
-            vec![
-                ("destination".into(), "/queue/q".into()),
-                ("message-id".into(), "ID:haven-7".into()),
-                ("subscription".into(), "net-1".into()),
-                ("ack".into(), "3".into()),
-                ("persistent".into(), "true".into()),
-                ("haven-producer".into(), "p".into()),
-                ("haven-seq".into(), "9".into()),
-                (PATH_HEADER.into(), "A".into()),
-                ("color".into(), "red".into()),
-                ("color".into(), "blue".into()),
-            ],
-            Bytes::from_static(b"x"),
-        );
-        let h = forwarded_headers(&m, "/queue/q", "s1", &["A".to_string(), "B".to_string()]);
-        assert_eq!(
-            h,
-            vec![
-                ("destination".to_string(), "/queue/q".to_string()),
-                ("persistent".to_string(), "true".to_string()),
-                ("color".to_string(), "red".to_string()),
-                (ORIGIN_HEADER.to_string(), "s1/ID:haven-7".to_string()),
-                (PATH_HEADER.to_string(), "A,B".to_string()),
-            ]
-        );
     }
 }

@@ -10,10 +10,13 @@ mod bridge;
 mod demand;
 mod filter;
 pub mod headers;
+mod link;
+mod local;
 pub mod path;
 
 use crate::config::{is_destination_pattern, NetworkConnector};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use crate::connection::Shared;
+use std::sync::Arc;
 
 /// Longest `prefetch_size`: a bridge's connection buffers a whole window per subscription.
 const PREFETCH_MAX: u32 = 100_000;
@@ -111,17 +114,8 @@ impl Drop for Network {
 
 /// Starts every connector's bridges. `listen` is this broker's STOMP address (the bridges
 /// connect to it like clients, with `login`).
-pub(crate) fn start(
-    config: &crate::Config,
-    listen: SocketAddr,
-    login: (String, String),
-) -> Network {
-    let ip = match listen.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        ip => ip,
-    };
-    let local = format!("tcp://{}", SocketAddr::new(ip, listen.port()));
+pub(crate) fn start(here: &Arc<Shared>) -> Network {
+    let config = &here.config;
     let mut tasks = Vec::new();
     for (i, n) in config.network.iter().enumerate() {
         let name = if n.name.is_empty() {
@@ -134,9 +128,7 @@ pub(crate) fn start(
             let spec = bridge::Spec {
                 label: format!("{name} → {}", remote.join("|")),
                 remote,
-                local: local.clone(),
-                local_login: login.clone(),
-                here: config.broker.name.clone(),
+                here: here.clone(),
                 cfg: n.clone(),
             };
             tasks.push(tokio::spawn(bridge::run(spec)));

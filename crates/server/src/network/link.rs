@@ -1,0 +1,266 @@
+//! One end of a bridge: the remote broker over STOMP (`haven-client`), or this broker in
+//! process (`local.rs`). A bridge direction reads from one and writes to the other through
+//! this one interface, whichever way round they are.
+
+use super::headers::{ORIGIN_HEADER, PATH_HEADER};
+use super::local::{self, LocalConn};
+use super::path;
+use haven_client::{AckMode, ClientError, Connection, Frame, Message, Subscription};
+use haven_engine::Delivery;
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+
+pub(crate) enum Link {
+    Remote(Connection),
+    Local(LocalConn),
+}
+
+/// A RECEIPT owed by either end.
+pub(crate) type Receipt = Pin<Box<dyn Future<Output = Result<(), ClientError>> + Send>>;
+
+/// A subscription's deliveries.
+pub(crate) enum Feed {
+    Remote(Subscription),
+    Local(local::Feed),
+}
+
+/// A message as one end delivered it.
+pub(crate) enum Delivered {
+    Remote(Message),
+    Local(Delivery),
+}
+
+impl Link {
+    pub async fn subscribe(
+        &self,
+        destination: &str,
+        ack: AckMode,
+        headers: &[(&str, &str)],
+    ) -> Result<Feed, ClientError> {
+        Ok(match self {
+            Link::Remote(c) => Feed::Remote(c.subscribe(destination, ack, headers).await?),
+            Link::Local(c) => Feed::Local(c.subscribe(destination, ack, headers).await?),
+        })
+    }
+
+    pub async fn unsubscribe_id(&self, id: &str) -> Result<(), ClientError> {
+        match self {
+            Link::Remote(c) => c.unsubscribe_id(id, &[]).await,
+            Link::Local(c) => c.unsubscribe_id(id).await,
+        }
+    }
+
+    /// Acknowledges `d` (cumulatively on a `client` subscription). `d` came from this end.
+    pub async fn ack(&self, d: &Delivered) -> Result<(), ClientError> {
+        match (self, d) {
+            (Link::Remote(c), Delivered::Remote(m)) => c.ack(m).await,
+            (Link::Local(c), Delivered::Local(d)) => c.ack(d).await,
+            _ => unreachable!("a delivery acknowledged on the other end of its bridge"),
+        }
+    }
+
+    pub async fn send(&self, frame: Frame) -> Result<(), ClientError> {
+        match self {
+            Link::Remote(c) => c.raw_send_frame(frame).await,
+            Link::Local(c) => c.send_frame(frame).await,
+        }
+    }
+
+    pub async fn send_with_receipt(&self, frame: Frame) -> Result<Receipt, ClientError> {
+        Ok(match self {
+            Link::Remote(c) => Box::pin(c.send_frame_with_receipt(frame).await?),
+            Link::Local(c) => {
+                let rx = c.send_frame_with_receipt(frame).await?;
+                Box::pin(async move { rx.await.unwrap_or(Err(ClientError::Closed)) })
+            }
+        })
+    }
+
+    /// Resolves with the reason once this end's connection has ended.
+    pub async fn closed(&self) -> ClientError {
+        match self {
+            Link::Remote(c) => c.closed().await,
+            Link::Local(c) => c.closed().await,
+        }
+    }
+
+    pub fn close_now(&self) {
+        match self {
+            Link::Remote(c) => c.close_now(),
+            Link::Local(c) => c.close_now(),
+        }
+    }
+}
+
+impl Feed {
+    pub async fn next(&mut self) -> Option<Delivered> {
+        match self {
+            Feed::Remote(s) => s.next().await.map(Delivered::Remote),
+            Feed::Local(f) => f.next().await.map(Delivered::Local),
+        }
+    }
+}
+
+impl Delivered {
+    /// The destination it was delivered from, as STOMP names it.
+    pub fn destination(&self) -> Cow<'_, str> {
+        match self {
+            Delivered::Remote(m) => Cow::Borrowed(m.destination.as_str()),
+            Delivered::Local(d) => Cow::Owned(d.message.destination.to_string()),
+        }
+    }
+
+    /// The first occurrence of an application header (or, from the remote end, of any
+    /// MESSAGE header).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        match self {
+            Delivered::Remote(m) => m.header(name),
+            Delivered::Local(d) => d.message.header(name),
+        }
+    }
+
+    /// The SEND that forwards it to `destination` on the other end: its own headers less what
+    /// the source broker set for this delivery and what would steer the sink wrongly, then
+    /// its origin (`origin_store` and its message id) and its path on.
+    pub fn forward(&self, destination: &str, origin_store: &str, next_path: &[String]) -> Frame {
+        let mut headers: Vec<(String, String)>;
+        let (id, body) = match self {
+            Delivered::Remote(m) => {
+                headers = Vec::with_capacity(m.headers.len() + 3);
+                headers.push(("destination".into(), destination.to_string()));
+                push_passed(&mut headers, &m.headers);
+                (m.message_id.as_str(), m.body.clone())
+            }
+            Delivered::Local(d) => {
+                let m = &d.message;
+                headers = Vec::with_capacity(m.headers.len() + 6);
+                headers.push(("destination".into(), destination.to_string()));
+                // The engine keeps these as fields, not headers.
+                headers.push(("persistent".into(), m.persistent.to_string()));
+                headers.push(("priority".into(), m.priority.to_string()));
+                if m.expires_ms != 0 {
+                    headers.push(("expires".into(), m.expires_ms.to_string()));
+                }
+                push_passed(&mut headers, &m.headers);
+                (m.id.as_str(), m.body.clone())
+            }
+        };
+        headers.push((ORIGIN_HEADER.into(), format!("{origin_store}/{id}")));
+        if !next_path.is_empty() {
+            headers.push((PATH_HEADER.into(), path::format(next_path)));
+        }
+        Frame {
+            command: haven_client::Command::Send,
+            headers,
+            body,
+        }
+    }
+}
+
+/// Appends the headers of `from` a forwarded SEND keeps: the first occurrence of each, less
+/// what the source broker set for the delivery and the exactly-once and network headers the
+/// forwarding replaces.
+fn push_passed(to: &mut Vec<(String, String)>, from: &[(String, String)]) {
+    const DROPPED: &[&str] = &[
+        "destination",
+        "message-id",
+        "subscription",
+        "ack",
+        "redelivered",
+        "delivery-count",
+        "content-length",
+        "receipt",
+        "transaction",
+        "haven-producer",
+        "haven-seq",
+        ORIGIN_HEADER,
+        PATH_HEADER,
+    ];
+    for (k, v) in from {
+        if DROPPED.contains(&k.as_str()) || to.iter().any(|(k2, _)| k2 == k) {
+            continue;
+        }
+        to.push((k.clone(), v.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use haven_engine::{Destination, Message as Stored};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_remote_message_keeps_the_application_s_headers_and_names_its_origin() {
+        let m = Message::from_headers(
+            vec![
+                ("destination".into(), "/queue/q".into()),
+                ("message-id".into(), "ID:haven-7".into()),
+                ("subscription".into(), "net-1".into()),
+                ("ack".into(), "3".into()),
+                ("persistent".into(), "true".into()),
+                ("haven-producer".into(), "p".into()),
+                ("haven-seq".into(), "9".into()),
+                (PATH_HEADER.into(), "A".into()),
+                ("color".into(), "red".into()),
+                ("color".into(), "blue".into()),
+            ],
+            Bytes::from_static(b"x"),
+        );
+        let f = Delivered::Remote(m).forward("/queue/q", "s1", &["A".into(), "B".into()]);
+        assert_eq!(
+            f.headers,
+            vec![
+                ("destination".to_string(), "/queue/q".to_string()),
+                ("persistent".to_string(), "true".to_string()),
+                ("color".to_string(), "red".to_string()),
+                (ORIGIN_HEADER.to_string(), "s1/ID:haven-7".to_string()),
+                (PATH_HEADER.to_string(), "A,B".to_string()),
+            ]
+        );
+        assert_eq!(f.body, Bytes::from_static(b"x"));
+    }
+
+    #[test]
+    fn a_local_message_carries_its_delivery_fields_as_headers() {
+        let stored = Stored {
+            seq: 1,
+            id: "ID:haven-9".into(),
+            destination: Destination::Queue("q".into()),
+            headers: vec![
+                ("haven-producer".into(), "p".into()),
+                ("haven-seq".into(), "1".into()),
+                ("reply-to".into(), "/queue/r".into()),
+            ],
+            body: Bytes::from_static(b"y"),
+            persistent: false,
+            priority: 7,
+            expires_ms: 123,
+            timestamp_ms: 5,
+        };
+        let d = Delivered::Local(Delivery {
+            sub_id: "net-1".into(),
+            ack_tag: 4,
+            message: Arc::new(stored),
+            redelivered: true,
+            delivery_count: 2,
+            auto_ack: false,
+        });
+        assert_eq!(d.destination(), "/queue/q");
+        let f = d.forward("/queue/q", "s2", &["A".into()]);
+        assert_eq!(
+            f.headers,
+            vec![
+                ("destination".to_string(), "/queue/q".to_string()),
+                ("persistent".to_string(), "false".to_string()),
+                ("priority".to_string(), "7".to_string()),
+                ("expires".to_string(), "123".to_string()),
+                ("reply-to".to_string(), "/queue/r".to_string()),
+                (ORIGIN_HEADER.to_string(), "s2/ID:haven-9".to_string()),
+                (PATH_HEADER.to_string(), "A".to_string()),
+            ]
+        );
+    }
+}
