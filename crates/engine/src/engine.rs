@@ -2767,7 +2767,7 @@ impl Engine {
                     .all(|(_, id)| is_network_origin(id)),
             "a mark in the wrong producer table"
         );
-        assert_eq!(&marks, self.live.producers(), "producer marks not live");
+        assert_eq!(marks, self.live.producers(), "producer marks not live");
         for (q, queue) in self.queues.iter().enumerate() {
             if queue.as_ref().is_some_and(|queue| queue.is_paging()) {
                 assert!(self.paging_queues.contains(&q), "paging queue not tracked");

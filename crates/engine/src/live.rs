@@ -10,7 +10,7 @@
 //! Messages are kept as bare `(lsn, seq)` pairs: with a deep backlog paged out to disk this set
 //! is most of the memory a message costs (about 20 bytes each in the B-tree).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum LiveObject {
@@ -30,7 +30,9 @@ pub(crate) struct LiveSet {
     messages: BTreeSet<(u64, u64)>,
     subs: BTreeSet<(u64, String, String)>,
     queues: BTreeSet<(u64, String)>,
-    producers: BTreeSet<(u64, String)>,
+    /// A record carries at most one producer's mark, so the LSN alone names it (and a bridge's
+    /// traffic, one mark per message, removes by LSN without building a key).
+    producers: BTreeMap<u64, String>,
 }
 
 impl LiveSet {
@@ -39,7 +41,7 @@ impl LiveSet {
             LiveObject::Message(seq) => self.messages.insert((lsn, seq)),
             LiveObject::DurableSub { client_id, name } => self.subs.insert((lsn, client_id, name)),
             LiveObject::Queue(name) => self.queues.insert((lsn, name)),
-            LiveObject::Producer(id) => self.producers.insert((lsn, id)),
+            LiveObject::Producer(id) => self.producers.insert(lsn, id).is_none(),
         };
         assert!(fresh, "live object recorded twice at one lsn");
     }
@@ -51,16 +53,27 @@ impl LiveSet {
                 self.subs.remove(&(lsn, client_id.clone(), name.clone()))
             }
             LiveObject::Queue(name) => self.queues.remove(&(lsn, name.clone())),
-            LiveObject::Producer(id) => self.producers.remove(&(lsn, id.clone())),
+            LiveObject::Producer(id) => self.remove_producer(lsn, id),
         };
         assert!(found, "live object {object:?} not at lsn {lsn}");
+    }
+
+    /// Removes the mark of producer `id` recorded at `lsn`; false if there is none.
+    fn remove_producer(&mut self, lsn: u64, id: &str) -> bool {
+        match self.producers.get(&lsn) {
+            Some(live) if live == id => {
+                self.producers.remove(&lsn);
+                true
+            }
+            _ => false,
+        }
     }
 
     pub fn min_lsn(&self) -> Option<u64> {
         let m = self.messages.first().map(|(lsn, _)| *lsn);
         let s = self.subs.first().map(|(lsn, _, _)| *lsn);
         let q = self.queues.first().map(|(lsn, _)| *lsn);
-        let p = self.producers.first().map(|(lsn, _)| *lsn);
+        let p = self.producers.first_key_value().map(|(lsn, _)| *lsn);
         [m, s, q, p].into_iter().flatten().min()
     }
 
@@ -69,8 +82,11 @@ impl LiveSet {
     }
 
     /// The producer marks, (lsn, id): for the engine's cross-check.
-    pub fn producers(&self) -> &BTreeSet<(u64, String)> {
-        &self.producers
+    pub fn producers(&self) -> BTreeSet<(u64, String)> {
+        self.producers
+            .iter()
+            .map(|(lsn, id)| (*lsn, id.clone()))
+            .collect()
     }
 
     /// Up to `max` objects whose describing record is below `lsn`, durable subscriptions first
@@ -94,7 +110,7 @@ impl LiveSet {
         );
         out.extend(
             self.producers
-                .range(..(lsn, String::new()))
+                .range(..lsn)
                 .map(|(l, id)| (*l, LiveObject::Producer(id.clone()))),
         );
         let room = max.saturating_sub(out.len());
@@ -118,10 +134,7 @@ impl LiveSet {
             .queues
             .range((lo, String::new())..(hi, String::new()))
             .count();
-        let p = self
-            .producers
-            .range((lo, String::new())..(hi, String::new()))
-            .count();
+        let p = self.producers.range(lo..hi).count();
         m + s + q + p
     }
 }

@@ -31,6 +31,11 @@ use crate::record::ProducerMark;
 use crate::types::ConnId;
 use crate::EngineError;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// A producer id as the table keeps it: one allocation shared by the map and the idle index
+/// (a bridge's traffic adds an entry per message, so each allocation counts).
+type Id = Arc<str>;
 
 /// Longest `haven-producer` id, in bytes: ids are kept in memory and in every record.
 pub const PRODUCER_ID_BYTES_MAX: usize = 128;
@@ -48,6 +53,8 @@ pub(crate) fn is_network_origin(id: &str) -> bool {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Producer {
+    /// Its own id, the same allocation as its key.
+    id: Id,
     /// Highest sequence accepted; every `seq <= hwm` is a duplicate.
     hwm: u64,
     /// When `hwm` was last raised (ms since the epoch): the key of idle forgetting.
@@ -81,9 +88,9 @@ pub(crate) type Released = Vec<(u64, String)>;
 
 #[derive(Debug)]
 pub(crate) struct Producers {
-    entries: HashMap<String, Producer>,
+    entries: HashMap<Id, Producer>,
     /// (seen_ms, id) of every entry: oldest first, for forgetting.
-    by_seen: BTreeSet<(u64, String)>,
+    by_seen: BTreeSet<(u64, Id)>,
     /// Producer id → the connection that most recently claimed it at CONNECT.
     /// Who owns each producer now: (connection, its `haven-session`).
     owners: HashMap<String, (ConnId, u64)>,
@@ -127,32 +134,23 @@ impl Producers {
     /// A SEND or COMMIT with `(id, seq)` was accepted at `now_ms`; `lsn` is the record that
     /// carries the mark, or None if nothing was logged (the mark is in memory only).
     pub fn accept(&mut self, id: &str, seq: u64, now_ms: u64, lsn: Option<u64>) -> Released {
-        assert!(!self.is_duplicate(id, seq), "duplicate accepted");
         let mut released = Vec::new();
-        let old = self.entries.get(id).cloned();
+        let old = self.entries.get(id).map(|p| (p.hwm, p.durable));
+        assert!(old.is_none_or(|(hwm, _)| seq > hwm), "duplicate accepted");
+        let old_durable = old.and_then(|(_, d)| d);
         let durable = match lsn {
             Some(lsn) => Some(Durable {
                 seq,
                 seen_ms: now_ms,
                 lsn,
             }),
-            None => old.as_ref().and_then(|p| p.durable),
+            None => old_durable,
         };
-        if let (Some(lsn), Some(Durable { lsn: old_lsn, .. })) =
-            (lsn, old.as_ref().and_then(|p| p.durable))
-        {
+        if let (Some(lsn), Some(Durable { lsn: old_lsn, .. })) = (lsn, old_durable) {
             assert!(old_lsn < lsn, "producer mark logged out of order");
             released.push((old_lsn, id.to_string()));
         }
-        self.put(
-            id,
-            Producer {
-                hwm: seq,
-                seen_ms: now_ms,
-                durable,
-            },
-            &mut released,
-        );
+        self.put(id, seq, now_ms, durable, &mut released);
         released
     }
 
@@ -161,19 +159,25 @@ impl Producers {
     /// producer was forgotten).
     pub fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> Released {
         let mut released = Vec::new();
-        if let Some(d) = self.entries.get(&mark.producer).and_then(|p| p.durable) {
+        if let Some(d) = self
+            .entries
+            .get(mark.producer.as_str())
+            .and_then(|p| p.durable)
+        {
             released.push((d.lsn, mark.producer.clone()));
         }
-        let producer = Producer {
-            hwm: mark.seq,
+        let durable = Some(Durable {
+            seq: mark.seq,
             seen_ms: mark.seen_ms,
-            durable: Some(Durable {
-                seq: mark.seq,
-                seen_ms: mark.seen_ms,
-                lsn,
-            }),
-        };
-        self.put(&mark.producer, producer, &mut released);
+            lsn,
+        });
+        self.put(
+            &mark.producer,
+            mark.seq,
+            mark.seen_ms,
+            durable,
+            &mut released,
+        );
         released
     }
 
@@ -210,17 +214,26 @@ impl Producers {
         released
     }
 
-    fn put(&mut self, id: &str, producer: Producer, released: &mut Released) {
+    fn put(
+        &mut self,
+        id: &str,
+        hwm: u64,
+        seen_ms: u64,
+        durable: Option<Durable>,
+        released: &mut Released,
+    ) {
         // The common case, a known producer sending again: update in place, and touch the
         // idle index only when the time moved (many SENDs share a millisecond), so a SEND
         // costs no allocation here.
         if let Some(old) = self.entries.get_mut(id) {
-            if old.seen_ms != producer.seen_ms {
-                let found = self.by_seen.remove(&(old.seen_ms, id.to_string()));
+            if old.seen_ms != seen_ms {
+                let found = self.by_seen.remove(&(old.seen_ms, old.id.clone()));
                 assert!(found, "producer {id} missing from the idle index");
-                self.by_seen.insert((producer.seen_ms, id.to_string()));
+                self.by_seen.insert((seen_ms, old.id.clone()));
             }
-            *old = producer;
+            old.hwm = hwm;
+            old.seen_ms = seen_ms;
+            old.durable = durable;
             return;
         }
         // A new producer: make room first, so it is never its own victim.
@@ -228,8 +241,15 @@ impl Producers {
             let (_, victim) = self.by_seen.first().cloned().expect("table not empty");
             self.forget(&victim, released);
         }
-        self.by_seen.insert((producer.seen_ms, id.to_string()));
-        self.entries.insert(id.to_string(), producer);
+        let id: Id = Arc::from(id);
+        self.by_seen.insert((seen_ms, id.clone()));
+        let producer = Producer {
+            id: id.clone(),
+            hwm,
+            seen_ms,
+            durable,
+        };
+        self.entries.insert(id, producer);
     }
 
     fn forget(&mut self, id: &str, released: &mut Released) {
@@ -237,7 +257,7 @@ impl Producers {
             .entries
             .remove(id)
             .expect("forgetting a known producer");
-        let found = self.by_seen.remove(&(p.seen_ms, id.to_string()));
+        let found = self.by_seen.remove(&(p.seen_ms, p.id.clone()));
         assert!(found, "producer {id} missing from the idle index");
         if let Some(d) = p.durable {
             released.push((d.lsn, id.to_string()));
@@ -291,7 +311,7 @@ impl Producers {
     pub fn durable_marks(&self) -> BTreeMap<String, (u64, u64)> {
         self.entries
             .iter()
-            .filter_map(|(id, p)| p.durable.map(|d| (id.clone(), (d.seq, d.seen_ms))))
+            .filter_map(|(id, p)| p.durable.map(|d| (id.to_string(), (d.seq, d.seen_ms))))
             .collect()
     }
 
@@ -307,13 +327,14 @@ impl Producers {
     pub fn durable_lsns(&self) -> impl Iterator<Item = (u64, &str)> {
         self.entries
             .iter()
-            .filter_map(|(id, p)| p.durable.map(|d| (d.lsn, id.as_str())))
+            .filter_map(|(id, p)| p.durable.map(|d| (d.lsn, &**id)))
     }
 
     pub fn check_invariants(&self) {
         assert_eq!(self.entries.len(), self.by_seen.len());
         assert!(self.entries.len() <= self.producers_max);
         for (id, p) in &self.entries {
+            assert_eq!(id, &p.id, "an entry under another producer's id");
             assert!(self.by_seen.contains(&(p.seen_ms, id.clone())));
             assert!(!id.is_empty() && id.len() <= PRODUCER_ID_BYTES_MAX);
             if let Some(d) = p.durable {
