@@ -66,6 +66,9 @@ pub struct Server {
     cluster: ClusterHandle,
     /// The network connectors' bridges; they stop when the broker does.
     network: network::Network,
+    /// What connections share (the in-process tests of `network::local` connect through it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    shared: Arc<Shared>,
     /// Held while the broker runs on a local data directory.
     _lock: Option<lock::DirLock>,
 }
@@ -278,7 +281,7 @@ impl Server {
         });
         let network = network::start(&shared);
         let open = Arc::new(AtomicUsize::new(0));
-        let accept = tokio::spawn(accept_loop(listener, shared, stop_rx, open.clone()));
+        let accept = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx, open.clone()));
         tracing::info!(stomp = %local_addr, "haven listening");
         Ok(Server {
             local_addr,
@@ -288,6 +291,7 @@ impl Server {
             open,
             cluster,
             network,
+            shared,
             _lock: None,
         })
     }

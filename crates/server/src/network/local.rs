@@ -378,3 +378,201 @@ async fn route(
     drop(state);
     let _ = closed.send(Some(reason));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Config, Server};
+    use bytes::Bytes;
+    use std::time::Duration;
+
+    /// Longest any step waits: a test that does not get what it expects fails, never hangs.
+    const WAIT: Duration = Duration::from_secs(5);
+
+    async fn broker() -> (Server, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config::default();
+        config.stomp.listen = "127.0.0.1:0".parse().expect("addr");
+        config.journal.dir = dir.path().to_path_buf();
+        let server = Server::start(config).await.expect("broker starts");
+        (server, dir)
+    }
+
+    async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(WAIT, f)
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within {WAIT:?}"))
+    }
+
+    fn send(destination: &str, body: &'static str) -> Frame {
+        Frame::new(Cmd::Send)
+            .with_header("destination", destination)
+            .with_header("persistent", "true")
+            .with_body(Bytes::from_static(body.as_bytes()))
+    }
+
+    async fn stored(conn: &LocalConn, frame: Frame) {
+        let receipt = conn.send_frame_with_receipt(frame).await.expect("sent");
+        within("RECEIPT", receipt)
+            .await
+            .expect("receipt sender kept")
+            .expect("stored");
+    }
+
+    async fn next(feed: &mut Feed) -> Delivery {
+        within("delivery", feed.next()).await.expect("feed open")
+    }
+
+    async fn socket_client(server: &Server) -> haven_client::Connection {
+        haven_client::Connection::connect(
+            &server.local_addr().to_string(),
+            haven_client::ConnectOptions::default(),
+        )
+        .await
+        .expect("client connects")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stores_delivers_and_removes_what_it_acknowledges() {
+        let (server, _dir) = broker().await;
+        let local = LocalConn::connect(server.shared.clone()).await.unwrap();
+        stored(&local, send("/queue/q", "one")).await;
+        stored(&local, send("/queue/q", "two")).await;
+        let mut feed = local
+            .subscribe("/queue/q", AckMode::Client, &[("id", "s")])
+            .await
+            .unwrap();
+        let first = next(&mut feed).await;
+        let second = next(&mut feed).await;
+        assert_eq!(
+            (&first.message.body[..], &second.message.body[..]),
+            (&b"one"[..], &b"two"[..])
+        );
+        assert!(!first.auto_ack && first.message.persistent);
+        // Cumulative: acknowledging the second removes both.
+        local.ack(&second).await.unwrap();
+        local.unsubscribe_id("s").await.unwrap();
+        stored(&local, send("/queue/q", "three")).await;
+        let client = socket_client(&server).await;
+        let mut sub = client
+            .subscribe("/queue/q", haven_client::AckMode::Auto, &[])
+            .await
+            .unwrap();
+        let m = within("MESSAGE", sub.next()).await.expect("open");
+        assert_eq!(&m.body[..], b"three", "acknowledged messages are gone");
+        local.close_now();
+        server.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_it_did_not_acknowledge_is_redelivered_once_it_closes() {
+        let (server, _dir) = broker().await;
+        let local = LocalConn::connect(server.shared.clone()).await.unwrap();
+        stored(&local, send("/queue/q", "held")).await;
+        let mut feed = local
+            .subscribe("/queue/q", AckMode::Client, &[("id", "s")])
+            .await
+            .unwrap();
+        assert_eq!(&next(&mut feed).await.message.body[..], b"held");
+        let client = socket_client(&server).await;
+        let mut sub = client
+            .subscribe("/queue/q", haven_client::AckMode::Auto, &[])
+            .await
+            .unwrap();
+        local.close_now();
+        let m = within("redelivery", sub.next()).await.expect("open");
+        assert_eq!(&m.body[..], b"held");
+        assert_eq!(m.header("redelivered"), Some("true"));
+        assert!(
+            within("the feed to end", feed.next()).await.is_none(),
+            "a closed connection's feeds end"
+        );
+        server.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn auto_acknowledged_feeds_return_credit_as_deliveries_are_taken() {
+        let (server, _dir) = broker().await;
+        let local = LocalConn::connect(server.shared.clone()).await.unwrap();
+        // A window of 2: the third message comes only if credit returned for the first two.
+        let mut feed = local
+            .subscribe(
+                "/queue/auto",
+                AckMode::Auto,
+                &[("id", "a"), ("activemq.prefetchSize", "2")],
+            )
+            .await
+            .unwrap();
+        for body in ["1", "2", "3", "4", "5"] {
+            stored(&local, send("/queue/auto", body)).await;
+        }
+        for body in ["1", "2", "3", "4", "5"] {
+            let d = next(&mut feed).await;
+            assert!(d.auto_ack);
+            assert_eq!(&d.message.body[..], body.as_bytes());
+        }
+        local.close_now();
+        server.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refusals_are_errors_and_a_broker_error_ends_it() {
+        let (server, _dir) = broker().await;
+        let local = LocalConn::connect(server.shared.clone()).await.unwrap();
+        // Judged by the listener's own rules, before reaching the core.
+        let bad = send("/nowhere/q", "x");
+        match local.send_frame(bad).await {
+            Err(ClientError::Protocol(message)) => {
+                assert!(message.contains("SEND"), "{message}")
+            }
+            other => panic!("a bad destination must be refused, got {other:?}"),
+        }
+        // The engine refuses an acknowledgement of nothing: an ERROR, and the connection ends.
+        let bogus = Delivery {
+            sub_id: "none".into(),
+            ack_tag: 999,
+            message: Arc::new(haven_engine::Message {
+                seq: 1,
+                id: "ID:none".into(),
+                destination: haven_engine::Destination::Queue("q".into()),
+                headers: Vec::new(),
+                body: Bytes::new(),
+                persistent: true,
+                priority: 4,
+                expires_ms: 0,
+                timestamp_ms: 0,
+            }),
+            redelivered: false,
+            delivery_count: 1,
+            auto_ack: false,
+        };
+        local.ack(&bogus).await.unwrap();
+        match within("the connection to end", local.closed()).await {
+            ClientError::Server { message, .. } => {
+                assert!(message.contains("999"), "{message}")
+            }
+            other => panic!("expected the broker's error, got {other:?}"),
+        }
+        assert!(
+            local.send_frame(send("/queue/q", "late")).await.is_err(),
+            "an ended connection refuses further frames"
+        );
+        server.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ends_when_the_broker_stops() {
+        let (server, _dir) = broker().await;
+        let local = LocalConn::connect(server.shared.clone()).await.unwrap();
+        let mut feed = local
+            .subscribe("/queue/q", AckMode::Client, &[("id", "s")])
+            .await
+            .unwrap();
+        server.shutdown().await.unwrap();
+        assert!(matches!(
+            within("the connection to end", local.closed()).await,
+            ClientError::Closed
+        ));
+        assert!(within("the feed to end", feed.next()).await.is_none());
+    }
+}
