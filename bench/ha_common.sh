@@ -7,8 +7,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPS="${1:-3}"
 COUNT="${2:-300000}"
-BIN="$PWD/target/release/haven"
-cargo build --release -q -p haven-cli
+# HAVEN_BIN runs another build (say, an older commit's) instead of building this tree's.
+if [ -n "${HAVEN_BIN:-}" ]; then
+    BIN="$HAVEN_BIN"
+else
+    BIN="$PWD/target/release/haven"
+    cargo build --release -q -p haven-cli
+fi
 WORK="$(mktemp -d)"
 PIDS=()
 cleanup() {
@@ -21,11 +26,18 @@ trap cleanup EXIT
 wait_port() { for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
 # Scenario (c) against 127.0.0.1:PORT; prints one JSON line.
 bench() { "$BIN" bench --url "127.0.0.1:$1" --producers 4 --consumers 4 --size 1024 --receipt-every 100 --count "$COUNT" --json 2>/dev/null | tail -1; }
-# Scenario (c) on a fresh standalone broker, printed as rep $1.
+# A fresh broker zero-fills its next journal segment in the background as it starts: let it
+# finish, as a broker that has been running has, so a run measures the steady state.
+settle() { sleep "${SETTLE_S:-1}"; }
+# CPU seconds (user + system) process $1 has used so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$1/stat"; }
+# Scenario (c) on a fresh standalone broker, printed as rep $1 with the broker's CPU seconds.
 bench_standalone() {
     rm -rf "$WORK/standalone"
     "$BIN" run --data "$WORK/standalone" --stomp 127.0.0.1:17101 2>"$WORK/s.log" & PIDS+=($!)
     wait_port 17101
-    echo "rep $1 standalone $(bench 17101)"
+    settle
+    local line; line=$(bench 17101)
+    echo "rep $1 standalone cpu_s $(cpu_s "${PIDS[-1]}") $line"
     kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 }

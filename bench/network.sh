@@ -15,11 +15,15 @@ for rep in $(seq 1 "$REPS"); do
     bench_standalone "$rep"
     rm -rf "$WORK"/net-*
     "$BIN" run --config "$WORK/b.toml" --data "$WORK/net-b" --stomp 127.0.0.1:17302 2>"$WORK/b.log" & PIDS+=($!)
-    "$BIN" run --config "$WORK/a.toml" --data "$WORK/net-a" --stomp 127.0.0.1:17301 2>"$WORK/a.log" & PIDS+=($!)
     wait_port 17302
+    "$BIN" run --config "$WORK/a.toml" --data "$WORK/net-a" --stomp 127.0.0.1:17301 2>"$WORK/a.log" & PIDS+=($!)
     wait_port 17301
+    # The clock starts with the first SEND: measure forwarding, not the bridge connecting.
+    for _ in $(seq 1 100); do grep -q "bridge up" "$WORK/a.log" && break; sleep 0.05; done
+    grep -q "bridge up" "$WORK/a.log" || { echo "the bridge never came up" >&2; exit 1; }
+    settle
     line=$("$BIN" bench --url 127.0.0.1:17301 --consume-url 127.0.0.1:17302 --producers 4 \
         --consumers 4 --size 1024 --receipt-every 100 --count "$COUNT" --json 2>/dev/null | tail -1)
-    echo "rep $rep network $line"
+    echo "rep $rep network cpu_s A $(cpu_s "${PIDS[-1]}") B $(cpu_s "${PIDS[-2]}") $line"
     kill "${PIDS[-1]}" "${PIDS[-2]}"; wait 2>/dev/null || true
 done
