@@ -28,6 +28,7 @@ for rep in $(seq 1 "$REPS"); do
         sleep 0.05
     done
     [ -n "$LEADER" ] || { echo "no leader" >&2; exit 1; }
+    settle
     echo "rep $rep replicated $(bench "$LEADER")"
     kill "${PIDS[-1]}" "${PIDS[-2]}" "${PIDS[-3]}"; wait 2>/dev/null || true
 done

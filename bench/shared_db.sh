@@ -24,6 +24,7 @@ for rep in $(seq 1 "$REPS"); do
     "$BIN" run --config "$WORK/ha.toml" --data "$WORK/m" --stomp 127.0.0.1:17102 2>"$WORK/m.log" & PIDS+=($!)
     wait_port 17102
     "$BIN" run --config "$WORK/ha.toml" --data "$WORK/sl" --stomp 127.0.0.1:17103 2>"$WORK/sl.log" & PIDS+=($!)
+    settle
     echo "rep $rep shared-db $(bench 17102)"
     kill "${PIDS[-1]}" "${PIDS[-2]}"; wait "${PIDS[-1]}" "${PIDS[-2]}" 2>/dev/null || true
 done

@@ -13,6 +13,7 @@ for rep in $(seq 1 "$REPS"); do
     "$BIN" run --config "$WORK/ha.toml" --data "$WORK/shared" --stomp 127.0.0.1:17102 2>"$WORK/m.log" & PIDS+=($!)
     wait_port 17102
     "$BIN" run --config "$WORK/ha.toml" --data "$WORK/shared" --stomp 127.0.0.1:17103 2>"$WORK/sl.log" & PIDS+=($!)
+    settle
     echo "rep $rep shared-fs $(bench 17102)"
     kill "${PIDS[-1]}" "${PIDS[-2]}"; wait 2>/dev/null || true
 done
