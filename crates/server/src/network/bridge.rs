@@ -2,8 +2,9 @@
 //! group serves), carrying messages toward the consumers the other side announces.
 //!
 //! A bridge has two ends (`link.rs`): a STOMP connection to the remote broker made with
-//! `haven-client`, and a connection to this broker in process (`local.rs`). Each *direction* — local → remote always, remote → local
-//! too with `duplex` — reads the consumer advisories of the side it forwards to (its *sink*),
+//! `haven-client`, and a connection to this broker in process (`local.rs`). Each
+//! *direction* — local → remote always, remote → local too with `duplex` — reads the
+//! consumer advisories of the side it forwards to (its *sink*),
 //! keeps one subscription on the other side (its *source*) for each demand it follows
 //! (`demand.rs`), and forwards what those subscriptions receive:
 //!
@@ -155,7 +156,7 @@ async fn session_inner(
     };
     // Room for a whole prefetch window, so a reader never waits for the loop (see above).
     remote_opts.subscription_buffer_messages_max = cfg.prefetch_size as usize + 64;
-    let (remote_conn, remote_addr) = connect_any(&spec.remote, remote_opts.clone()).await?;
+    let (remote_conn, remote_addr) = connect_any(&spec.remote, remote_opts).await?;
     let remote_name = remote_conn
         .connected_header(BROKER_HEADER)
         .unwrap_or("")
