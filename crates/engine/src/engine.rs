@@ -1632,6 +1632,10 @@ impl Engine {
 
     /// `expired`: moved because it expired (not because deliveries failed).
     fn dead_letter(&mut self, from: QueueId, entry: Entry, dlq: QueueKey, expired: bool) {
+        if entry.msg.persistent && !self.stored.contains_key(&entry.msg.seq) {
+            // A non-durable topic subscription's copy whose durable copy is paged out.
+            self.unpage(&entry.msg);
+        }
         let msg = if expired {
             // Dead-lettered because it expired: in the DLQ it no longer expires, or it would
             // vanish from there unread.

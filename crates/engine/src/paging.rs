@@ -306,6 +306,42 @@ impl Engine {
         self.paging_queues.iter().copied().find(|&q| holds(q))
     }
 
+    /// A persistent message about to gain a holder (a dead-letter move) while its only durable
+    /// copy is paged out in another queue: that copy comes back to memory first, so the move
+    /// is logged with every holder, exactly as when nothing is paged. `msg` is the message
+    /// itself (a non-durable topic subscription's copy of it), so nothing is read from the log.
+    /// It goes to its queue's tail, which keeps its place in arrival order (`next_paged`), and
+    /// stays in memory while it has two holders. No-op when no queue has it paged out.
+    pub(super) fn unpage(&mut self, msg: &Arc<Message>) {
+        let seq = msg.seq;
+        assert!(!self.stored.contains_key(&seq), "unpaging a stored message");
+        let cold_in = |queue: &crate::queue::Queue| queue.cold.get(seq).is_some_and(|c| !c.spilled);
+        let Some(q) = self
+            .paging_queues
+            .iter()
+            .copied()
+            .find(|&q| self.queues[q].as_ref().is_some_and(cold_in))
+        else {
+            return;
+        };
+        let queue = self.queue_mut(q);
+        let cref = queue.cold.remove(seq).expect("found there");
+        let key = queue.key.clone();
+        self.live.insert(cref.lsn, LiveObject::Message(seq));
+        let stored = Stored {
+            msg: msg.clone(),
+            lsn: cref.lsn,
+            holders: vec![key],
+        };
+        self.stored.insert(seq, stored);
+        let entry = Entry {
+            msg: msg.clone(),
+            deliveries: 0,
+            redelivered: cref.recovered,
+        };
+        self.push_tail(q, entry, None);
+    }
+
     /// Compaction of a paged message: read it back, re-log it, keep it in the tail until the
     /// new record is durable.
     pub(super) fn relocate_paged(&mut self, seq: u64, old_lsn: u64) {
