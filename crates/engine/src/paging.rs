@@ -169,7 +169,15 @@ impl Engine {
                     Some(lsn) => (lsn, true),
                     None => match self.stored.get(seq) {
                         // Shared by several durable subscriptions: stays in memory.
-                        Some(s) if s.holders.len() == 1 => (s.lsn, false),
+                        Some(s) if s.holders.len() == 1 => {
+                            // Paging it out drops its bookkeeping: only its holder may.
+                            assert_eq!(
+                                s.holders[0],
+                                self.queue(q).key,
+                                "a queue paged out a message another queue holds"
+                            );
+                            (s.lsn, false)
+                        }
                         _ => continue,
                     },
                 };
