@@ -530,13 +530,88 @@ fn kill_master_and_rejoin(group: &mut [BrokerProcess]) -> (usize, usize) {
     (master, next)
 }
 
+/// Messages sent to `queue` by `producer`, recorded on arrival by `on` into `history`.
+struct Flow {
+    producer: Client,
+    queue: &'static str,
+    on: Recorder,
+    history: Arc<History>,
+}
+
+/// Forwards a flow under load while `group` loses its master `MASTER_KILLS` times, each after
+/// a seeded pause, then checks exactly once. `other` is the broker outside the group (its log
+/// goes into failure messages). With `bridge_in_other`, the bridge runs on `other` and must
+/// reconnect to each new master.
+async fn forward_through_master_kills(
+    label: &str,
+    group: &mut [BrokerProcess],
+    other: &BrokerProcess,
+    bridge_in_other: bool,
+    flow: Flow,
+) {
+    const RUN_BEFORE_KILL_MS: std::ops::Range<u64> = 300..1_000;
+    let Flow {
+        producer,
+        queue,
+        on,
+        history,
+    } = flow;
+    let seed = seed("HAVEN_NETWORK_SEED");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    assert!(
+        wait_queue_demand(&producer, queue, &history).await,
+        "{label}: the demand never reached the producer's broker:\n{}\n{}",
+        other.log_tail(),
+        logs(group)
+    );
+    let receipts = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers = start_producers(&producer, queue, &history, &receipts, &stop);
+    for _ in 0..MASTER_KILLS {
+        expect_progress(&on, "before the kill", &[other]).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(RUN_BEFORE_KILL_MS))).await;
+        let ups = count_in_log(other, "bridge up");
+        let (old, new) = kill_master_and_rejoin(group);
+        eprintln!("{label}: member {old} killed, member {new} serves");
+        if bridge_in_other {
+            // The bridge follows the group to its new master.
+            assert!(
+                wait_log_count(other, "bridge up", ups + 1, PROGRESS_WAIT_MS).await,
+                "{label}: the bridge did not reconnect to member {new}:\n{}\n{}",
+                other.log_tail(),
+                logs(group)
+            );
+        }
+        let want = on.received() + PROGRESS_MESSAGES;
+        assert!(
+            on.wait_received(want, PROGRESS_WAIT_MS).await,
+            "{label}: nothing forwarded after member {new} took over:\n{}\n{}",
+            other.log_tail(),
+            logs(group)
+        );
+        tokio::time::sleep(Duration::from_millis(REJOIN_SETTLE_MS)).await;
+    }
+    stop_producers(producer, &receipts, &stop, producers).await;
+    let got = on.drain().await;
+    let report = history.check(Duplicates::Forbidden, false);
+    eprintln!(
+        "{label}, {MASTER_KILLS} master kills: {report}; consumer recorded {}",
+        got.len()
+    );
+    assert!(
+        report.is_ok() && report.unknown == 0 && report.receipted > 0,
+        "{label}, seed {seed}: {report}\n{}\n{}",
+        other.log_tail(),
+        logs(group)
+    );
+}
+
+/// Master kills in each HA test.
+const MASTER_KILLS: usize = 2;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ha_member_loses_its_master_while_forwarding() {
     const QUEUE: &str = "/queue/ha-remote";
-    const KILLS: usize = 2;
-    const RUN_BEFORE_KILL_MS: std::ops::Range<u64> = 300..1_000;
-    let seed = seed("HAVEN_NETWORK_SEED");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let [a, b1, b2] = free_addrs();
     let mut group = start_shared_fs_group(dir.path(), "B", &[b1, b2], &[]);
@@ -556,59 +631,18 @@ async fn ha_member_loses_its_master_while_forwarding() {
     )
     .await;
     let producer = connect(&quick_failover(&[tcp(a)])).await;
-    assert!(
-        wait_queue_demand(&producer, QUEUE, &history).await,
-        "B's demand never reached A:\n{}\n{}",
-        ba.log_tail(),
-        logs(&group)
-    );
-    let receipts = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers = start_producers(&producer, QUEUE, &history, &receipts, &stop);
-    for _ in 0..KILLS {
-        expect_progress(&on_b, "before the kill", &[&ba]).await;
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(RUN_BEFORE_KILL_MS))).await;
-        let ups = count_in_log(&ba, "bridge up");
-        let (old, new) = kill_master_and_rejoin(&mut group);
-        eprintln!("B-{old} killed, B-{new} serves");
-        // The bridge follows the group to its new master, and the consumer too.
-        assert!(
-            wait_log_count(&ba, "bridge up", ups + 1, PROGRESS_WAIT_MS).await,
-            "the bridge did not reconnect to B-{new}:\n{}\n{}",
-            ba.log_tail(),
-            logs(&group)
-        );
-        let want = on_b.received() + PROGRESS_MESSAGES;
-        assert!(
-            on_b.wait_received(want, PROGRESS_WAIT_MS).await,
-            "nothing forwarded after B-{new} took over:\n{}\n{}",
-            ba.log_tail(),
-            logs(&group)
-        );
-        tokio::time::sleep(Duration::from_millis(REJOIN_SETTLE_MS)).await;
-    }
-    stop_producers(producer, &receipts, &stop, producers).await;
-    let got = on_b.drain().await;
-    let report = history.check(Duplicates::Forbidden, false);
-    eprintln!(
-        "HA remote, {KILLS} master kills: {report}; consumer recorded {}",
-        got.len()
-    );
-    assert!(
-        report.is_ok() && report.unknown == 0 && report.receipted > 0,
-        "seed {seed}: {report}\n{}\n{}",
-        ba.log_tail(),
-        logs(&group)
-    );
+    let flow = Flow {
+        producer,
+        queue: QUEUE,
+        on: on_b,
+        history,
+    };
+    forward_through_master_kills("HA remote", &mut group, &ba, true, flow).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ha_source_loses_its_master_while_forwarding() {
     const QUEUE: &str = "/queue/ha-source";
-    const KILLS: usize = 2;
-    const RUN_BEFORE_KILL_MS: std::ops::Range<u64> = 300..1_000;
-    let seed = seed("HAVEN_NETWORK_SEED");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let [a1, a2, c] = free_addrs();
     let bc = start_broker(dir.path(), "C", c, &[]);
@@ -616,42 +650,13 @@ async fn ha_source_loses_its_master_while_forwarding() {
     let history = Arc::new(History::new());
     let on_c = Recorder::start("on C", &tcp(c), QUEUE, history.clone(), true).await;
     let producer = connect(&quick_failover(&[tcp(a1), tcp(a2)])).await;
-    assert!(
-        wait_queue_demand(&producer, QUEUE, &history).await,
-        "C's demand never reached A:\n{}\n{}",
-        bc.log_tail(),
-        logs(&group)
-    );
-    let receipts = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers = start_producers(&producer, QUEUE, &history, &receipts, &stop);
-    for _ in 0..KILLS {
-        expect_progress(&on_c, "before the kill", &[&bc]).await;
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(RUN_BEFORE_KILL_MS))).await;
-        let (old, new) = kill_master_and_rejoin(&mut group);
-        eprintln!("A-{old} killed, A-{new} serves");
-        let want = on_c.received() + PROGRESS_MESSAGES;
-        assert!(
-            on_c.wait_received(want, PROGRESS_WAIT_MS).await,
-            "nothing forwarded after A-{new} took over:\n{}\n{}",
-            bc.log_tail(),
-            logs(&group)
-        );
-        tokio::time::sleep(Duration::from_millis(REJOIN_SETTLE_MS)).await;
-    }
-    stop_producers(producer, &receipts, &stop, producers).await;
-    let got = on_c.drain().await;
-    let report = history.check(Duplicates::Forbidden, false);
-    eprintln!(
-        "HA source, {KILLS} master kills: {report}; consumer recorded {}",
-        got.len()
-    );
-    assert!(
-        report.is_ok() && report.unknown == 0 && report.receipted > 0,
-        "seed {seed}: {report}\n{}\n{}",
-        bc.log_tail(),
-        logs(&group)
-    );
+    let flow = Flow {
+        producer,
+        queue: QUEUE,
+        on: on_c,
+        history,
+    };
+    forward_through_master_kills("HA source", &mut group, &bc, false, flow).await;
 }
 
 /// Request/reply across the network (`bridge_temp_destinations`): a requester on A asks over
