@@ -432,7 +432,6 @@ impl Connection {
         self.inner.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Adds a fresh `receipt` header, registers the waiter, queues the frame.
     /// Queues `frame` with a `receipt` header of the connection's choosing and returns the
     /// pending [`Receipt`]: any frame can be receipted this way (a caller that builds its own
     /// SEND frames, such as a network bridge, avoids building them twice).
@@ -440,6 +439,7 @@ impl Connection {
         self.request(frame).await
     }
 
+    /// Adds a fresh `receipt` header, registers the waiter, queues the frame.
     pub(crate) async fn request(&self, frame: Frame) -> Result<Receipt> {
         let id = format!("rcpt-{}", self.next_id());
         let frame = frame.with_header("receipt", id.as_str());

@@ -323,6 +323,8 @@ impl Engine {
     pub(super) fn unpage(&mut self, msg: &Arc<Message>) {
         let seq = msg.seq;
         assert!(!self.stored.contains_key(&seq), "unpaging a stored message");
+        // Not `find_paged`: another queue may hold the message in its tail without being its
+        // holder (the proptest regression `2fddc1fb…` fails that way).
         let cold_in = |queue: &crate::queue::Queue| queue.cold.get(seq).is_some_and(|c| !c.spilled);
         let Some(q) = self
             .paging_queues

@@ -600,13 +600,12 @@ impl<'a> Direction<'a> {
             return None;
         }
         let destination = m.destination();
-        let destination = destination.as_ref();
         let topic = destination.starts_with("/topic/");
         let msg_path = m
             .header(PATH_HEADER)
             .and_then(path::parse)
             .unwrap_or_default();
-        let route = if topic && self.filter.is_excluded(destination) {
+        let route = if topic && self.filter.is_excluded(&destination) {
             path::Route::Skip
         } else {
             path::route(

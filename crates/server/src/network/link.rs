@@ -123,19 +123,25 @@ impl Delivered {
     /// The SEND that forwards it to `destination` on the other end: its own headers less what
     /// the source broker set for this delivery and what would steer the sink wrongly, then
     /// its origin (`origin_store` and its message id) and its path on.
-    pub fn forward(&self, destination: &str, origin_store: &str, next_path: &[String]) -> Frame {
+    /// `destination` is `self.destination()`, passed in so that it is built once per message.
+    pub fn forward(
+        &self,
+        destination: Cow<'_, str>,
+        origin_store: &str,
+        next_path: &[String],
+    ) -> Frame {
         let mut headers: Vec<(String, String)>;
         let (id, body) = match self {
             Delivered::Remote(m) => {
                 headers = Vec::with_capacity(m.headers.len() + 3);
-                headers.push(("destination".into(), destination.to_string()));
+                headers.push(("destination".into(), destination.into_owned()));
                 push_passed(&mut headers, &m.headers);
                 (m.message_id.as_str(), m.body.clone())
             }
             Delivered::Local(d) => {
                 let m = &d.message;
                 headers = Vec::with_capacity(m.headers.len() + 6);
-                headers.push(("destination".into(), destination.to_string()));
+                headers.push(("destination".into(), destination.into_owned()));
                 // The engine keeps these as fields, not headers.
                 headers.push(("persistent".into(), m.persistent.to_string()));
                 headers.push(("priority".into(), m.priority.to_string()));
@@ -209,7 +215,7 @@ mod tests {
             ],
             Bytes::from_static(b"x"),
         );
-        let f = Delivered::Remote(m).forward("/queue/q", "s1", &["A".into(), "B".into()]);
+        let f = Delivered::Remote(m).forward("/queue/q".into(), "s1", &["A".into(), "B".into()]);
         assert_eq!(
             f.headers,
             vec![
@@ -249,7 +255,7 @@ mod tests {
             auto_ack: false,
         });
         assert_eq!(d.destination(), "/queue/q");
-        let f = d.forward("/queue/q", "s2", &["A".into()]);
+        let f = d.forward(d.destination(), "s2", &["A".into()]);
         assert_eq!(
             f.headers,
             vec![

@@ -112,8 +112,8 @@ impl Drop for Network {
     }
 }
 
-/// Starts every connector's bridges. `listen` is this broker's STOMP address (the bridges
-/// connect to it like clients, with `login`).
+/// Starts every connector's bridges on the broker `here` (each reaches it in process, see
+/// `local.rs`).
 pub(crate) fn start(here: &Arc<Shared>) -> Network {
     let config = &here.config;
     let mut tasks = Vec::new();
