@@ -137,6 +137,8 @@ impl Journal {
             active: recovered.active,
             durable_lsn,
             spare: None,
+            recycled: Vec::new(),
+            recycled_seq: 0,
             sparse_segments: config.sparse_segments,
             sync_writes: config.sync_writes,
             zeros: writer::zeros(),

@@ -7,7 +7,7 @@
 //! ```
 //! `len` counts the LSN too, so it is never zero even for an empty payload: a zero `len` where a
 //! record should start means "end of log in this segment" (segments are preallocated with
-//! zeros). The LSN is inside the CRC so a stale or misplaced record is detected, and the length
+//! zeros, and a recycled one gets a zero `len` written after each batch). The LSN is inside the CRC so a stale or misplaced record is detected, and the length
 //! is validated against the segment bounds before any payload is read.
 
 use crate::Lsn;

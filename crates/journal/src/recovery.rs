@@ -7,7 +7,12 @@
 //! * Torn tail — only possible in the last segment, where the writer was when the process or
 //!   machine died, and only if nothing valid follows the damage. Nothing after the damage was
 //!   ever reported durable (durability is published only after fdatasync of everything before
-//!   it), so the tail is zeroed (a logical truncation that keeps the preallocation) with a warning.
+//!   it), so the log is ended there with an end-of-log marker (a logical truncation that keeps
+//!   the preallocation) and a warning.
+//! * Old records — a recycled segment (see `segment.rs`) holds its previous life's records
+//!   after the log. One with a valid CRC and an LSN below the segment's base ends the log in
+//!   the last segment (its end-of-log marker may not have reached the disk before a crash);
+//!   the scan for valid records after damage skips them whole.
 //! * Anything else — a bad record in a sealed segment, a bad record or zero-length marker in
 //!   the last segment followed by a valid record, a record with a valid CRC but the wrong LSN,
 //!   or segments whose LSNs do not join up — is `JournalError::Corrupt` naming the file and
@@ -314,7 +319,7 @@ fn recover_segment(
         ops.write_at(&file, &encode_header(name_base, config.epoch), 0)
             .map_err(io)?;
         let mut seg = active_segment(file, path, name_base, file_len, SEGMENT_HEADER_BYTES);
-        zero_tail(ops, &mut seg, config.segment_bytes, false).map_err(io)?;
+        end_tail(ops, &mut seg, config.segment_bytes, scan.nonzero).map_err(io)?;
         return Ok((seg, name_base, config.epoch));
     }
     if header_len < SEGMENT_HEADER_BYTES as usize {
@@ -362,6 +367,10 @@ fn recover_segment(
         if !h.crc_matches(&payload) {
             break Stop::Bad(format!("CRC mismatch (record claims LSN {})", h.lsn));
         }
+        if last && h.lsn < base {
+            // The previous life of a recycled file: the log ends before it.
+            break Stop::End;
+        }
         if h.lsn != lsn {
             // A record that checks out but is not the next one: never a torn write.
             return Err(corrupt(
@@ -390,7 +399,8 @@ fn recover_segment(
             // The damaged record itself must not be found again: start one byte later.
             let from = if bad.is_some() { pos + 1 } else { pos };
             let scan = scan_for_valid(&file, from, file_len, lsn).map_err(io)?;
-            tail_nonzero = scan.nonzero;
+            // A damaged record's own bytes start before the scan did.
+            tail_nonzero = bad.is_some() || scan.nonzero;
             if let Some((offset, found)) = scan.valid {
                 let what = bad.as_deref().unwrap_or("end-of-log marker (zero length)");
                 return Err(corrupt(
@@ -406,11 +416,11 @@ fn recover_segment(
                     next_lsn = lsn,
                     "journal: torn tail ({reason}); truncating"
                 );
-            } else if scan.nonzero {
+            } else if scan.nonzero && scan.stale_records == 0 {
                 warn!(
                     path = %path.display(),
                     offset = pos,
-                    "journal: garbage after the end of the log; zeroing it"
+                    "journal: garbage after the end of the log; ending the log before it"
                 );
             }
         }
@@ -418,9 +428,7 @@ fn recover_segment(
 
     let mut seg = active_segment(file, path, base, file_len, pos);
     if last {
-        // The scan above read the whole tail already when it found nothing but zeros there.
-        let tail_zero = matches!(stop, Stop::End) && !tail_nonzero;
-        zero_tail(ops, &mut seg, config.segment_bytes, tail_zero).map_err(io)?;
+        end_tail(ops, &mut seg, config.segment_bytes, tail_nonzero).map_err(io)?;
     }
     Ok((seg, lsn, epoch))
 }
@@ -432,32 +440,41 @@ fn active_segment(file: File, path: &Path, base: Lsn, file_len: u64, pos: u64) -
         base_lsn: base,
         capacity_bytes: file_len,
         write_pos: pos,
+        stale_tail: false,
     }
 }
 
-/// Zeroes the active segment from its write position to its end (extending it to
-/// `segment_bytes` if it is shorter) if anything there is not zero, then fsyncs.
-fn zero_tail(
+/// Makes the recovered last segment ready for appends: extends it with zeros to
+/// `segment_bytes` if it is shorter, and, if anything after the log is not zero (old records of
+/// a recycled file, or a torn tail), ends the log there with a marker and has the writer end
+/// every batch with one. Rewriting the tail with zeros instead would cost up to a whole
+/// segment's writes on every start and every shared-store takeover.
+fn end_tail(
     ops: &dyn FileOps,
     seg: &mut ActiveSegment,
     segment_bytes: u64,
-    known_zero: bool,
+    tail_nonzero: bool,
 ) -> std::io::Result<()> {
-    let target = seg.capacity_bytes.max(segment_bytes);
-    let nonzero = !known_zero
-        && scan_for_valid(&seg.file, seg.write_pos, seg.capacity_bytes, Lsn::MAX)?.nonzero;
-    if !nonzero && target == seg.capacity_bytes {
-        return Ok(());
+    let mut wrote = false;
+    if seg.capacity_bytes < segment_bytes {
+        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+        let mut at = seg.capacity_bytes;
+        while at < segment_bytes {
+            let n = (segment_bytes - at).min(ZERO_CHUNK_BYTES as u64);
+            ops.write_at(&seg.file, &zeros[..n as usize], at)?;
+            at += n;
+        }
+        seg.capacity_bytes = segment_bytes;
+        wrote = true;
     }
-    let zeros = vec![0u8; ZERO_CHUNK_BYTES];
-    let mut at = seg.write_pos;
-    while at < target {
-        let n = (target - at).min(ZERO_CHUNK_BYTES as u64);
-        ops.write_at(&seg.file, &zeros[..n as usize], at)?;
-        at += n;
+    if tail_nonzero {
+        seg.stale_tail = true;
+        seg.end_log(ops)?;
+        wrote = true;
     }
-    ops.sync_all(&seg.file)?;
-    seg.capacity_bytes = target;
+    if wrote {
+        ops.sync_all(&seg.file)?;
+    }
     Ok(())
 }
 
@@ -466,15 +483,22 @@ struct Scan {
     valid: Option<(u64, Lsn)>,
     /// Whether any byte scanned (up to the valid record, if found) is not zero.
     nonzero: bool,
+    /// Old records (valid, LSN below `lsn_min`) skipped: a recycled file's previous life.
+    stale_records: u64,
 }
 
 /// Looks at every offset in `[from, file_len)` for a record with LSN >= `lsn_min` whose length
 /// fits and whose CRC matches. Reads a window at a time; verifies candidates with positional
 /// reads. Records are at least 16 bytes, which bounds the plausible LSNs.
+///
+/// A valid record with a lower LSN is an old one of a recycled file, and is skipped whole: a
+/// newer record cannot start inside it without changing its bytes, and its CRC proves they are
+/// unchanged. That keeps the scan of a recycled tail to one CRC per old record.
 fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::io::Result<Scan> {
     let mut scan = Scan {
         valid: None,
         nonzero: false,
+        stale_records: 0,
     };
     if from >= file_len {
         return Ok(scan);
@@ -483,6 +507,8 @@ fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::i
     let mut window = vec![0u8; SCAN_WINDOW_BYTES];
     let mut payload = Vec::new();
     let mut at = from;
+    // Offsets below this are inside an old record already verified.
+    let mut skip_to = from;
     while at < file_len {
         let n = (file_len - at).min(SCAN_WINDOW_BYTES as u64) as usize;
         file.read_exact_at(&mut window[..n], at)?;
@@ -493,20 +519,36 @@ fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::i
         let zero = all_zero(w);
         scan.nonzero |= !zero;
         for s in (0..starts).filter(|_| !zero) {
-            let h = RecordHeader::decode(w[s..s + RECORD_HEADER_BYTES].try_into().unwrap());
             let offset = at + s as u64;
+            if offset < skip_to {
+                continue;
+            }
+            let h = RecordHeader::decode(w[s..s + RECORD_HEADER_BYTES].try_into().unwrap());
             let Some(total) = h.encoded_bytes() else {
                 continue;
             };
-            if h.lsn < lsn_min || h.lsn - lsn_min >= lsn_span || offset + total as u64 > file_len {
+            let new = h.lsn >= lsn_min && h.lsn - lsn_min < lsn_span;
+            let old = h.lsn != 0 && h.lsn < lsn_min;
+            if !(new || old) || offset + total as u64 > file_len {
                 continue;
             }
-            payload.resize(total - RECORD_HEADER_BYTES, 0);
-            file.read_exact_at(&mut payload, offset + RECORD_HEADER_BYTES as u64)?;
-            if h.crc_matches(&payload) {
+            let body = match w.get(s + RECORD_HEADER_BYTES..s + total) {
+                Some(body) => body,
+                None => {
+                    payload.resize(total - RECORD_HEADER_BYTES, 0);
+                    file.read_exact_at(&mut payload, offset + RECORD_HEADER_BYTES as u64)?;
+                    &payload
+                }
+            };
+            if !h.crc_matches(body) {
+                continue;
+            }
+            if new {
                 scan.valid = Some((offset, h.lsn));
                 return Ok(scan);
             }
+            scan.stale_records += 1;
+            skip_to = offset + total as u64;
         }
         if at + n as u64 == file_len {
             break;

@@ -15,7 +15,15 @@
 //! epochs of consecutive segments never decrease; recovery refuses a journal where they do.
 //!
 //! The writer keeps one spare prepared ahead of need, named `spare.tmp`: it is zero-filled a
-//! chunk at a time between batches and fsynced once complete. Rolling over writes the header
+//! chunk at a time between batches and fsynced once complete. A segment the broker no longer
+//! needs is recycled instead when it can be (`recycled-<n>.tmp`): renaming it costs nothing,
+//! where zero-filling a new one cost up to 14% of a busy broker's CPU (docs/PERFORMANCE.md).
+//!
+//! A recycled file still holds the old segment's records after the new ones. They cannot be
+//! mistaken for the log: their LSNs are below the new segment's base. So that the log still ends
+//! at a zero `len` in a sealed segment, a segment with such a stale tail gets an end-of-log
+//! marker (`END_MARKER_BYTES` zeros) written after every batch, in the same fdatasync
+//! (`ActiveSegment::stale_tail`). Rolling over writes the header
 //! into the spare, fdatasyncs it, renames it to its `.seg` name and fsyncs the directory, so a
 //! `.seg` name never points at a file without a valid header. A crash at any point leaves either
 //! a `.tmp` (deleted by recovery; nothing in it was ever reported durable) or a valid segment.
@@ -32,6 +40,10 @@ pub const SEGMENT_MAGIC: &[u8; 8] = b"HAVENJ01";
 /// File name of the spare segment being prepared.
 pub const SPARE_FILE_NAME: &str = "spare.tmp";
 pub const SEGMENT_SUFFIX: &str = ".seg";
+/// Prefix of a retired segment kept to become a spare.
+pub const RECYCLED_PREFIX: &str = "recycled-";
+/// Zero bytes that end the log in a segment: a record `len` of zero (see `record::frame`).
+pub const END_MARKER_BYTES: u64 = 4;
 pub const TMP_SUFFIX: &str = ".tmp";
 
 pub fn segment_file_name(base_lsn: Lsn) -> String {
@@ -81,11 +93,28 @@ pub struct ActiveSegment {
     pub capacity_bytes: u64,
     /// Where the next record goes.
     pub write_pos: u64,
+    /// The bytes after `write_pos` may be old records or garbage rather than zeros (a recycled
+    /// file, or a tail recovery found dirty): each batch ends with an end-of-log marker.
+    pub stale_tail: bool,
 }
 
 impl ActiveSegment {
     pub fn remaining_bytes(&self) -> u64 {
         self.capacity_bytes - self.write_pos
+    }
+
+    /// Writes the end-of-log marker at `write_pos` (as much of it as fits), if the tail needs
+    /// one. Part of a batch: the caller's fdatasync covers it.
+    pub fn end_log(&self, ops: &dyn FileOps) -> std::io::Result<()> {
+        let n = END_MARKER_BYTES.min(self.remaining_bytes());
+        if !self.stale_tail || n == 0 {
+            return Ok(());
+        }
+        ops.write_at(
+            &self.file,
+            &[0u8; END_MARKER_BYTES as usize][..n as usize],
+            self.write_pos,
+        )
     }
 }
 
@@ -97,6 +126,8 @@ pub struct Spare {
     filled_bytes: u64,
     target_bytes: u64,
     synced: bool,
+    /// A retired segment: full of old records rather than zeros.
+    recycled: bool,
 }
 
 impl Spare {
@@ -133,6 +164,31 @@ impl Spare {
             filled_bytes: 0,
             target_bytes,
             synced: false,
+            recycled: false,
+        })
+    }
+
+    /// Renames the retired segment `from` (exactly `target_bytes` long) to `to` and keeps it as
+    /// a ready spare. The caller fsyncs the directory, which makes the retirement durable.
+    pub fn recycle(
+        ops: &dyn FileOps,
+        from: &Path,
+        to: PathBuf,
+        target_bytes: u64,
+    ) -> Result<Spare, (&'static str, std::io::Error)> {
+        ops.rename(from, &to).map_err(|e| ("rename", e))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&to)
+            .map_err(|e| ("open", e))?;
+        Ok(Spare {
+            file,
+            path: to,
+            filled_bytes: target_bytes,
+            target_bytes,
+            synced: true,
+            recycled: true,
         })
     }
 
@@ -190,8 +246,15 @@ impl Spare {
         epoch: u32,
     ) -> Result<ActiveSegment, (&'static str, PathBuf, std::io::Error)> {
         assert!(self.synced, "spare is complete before it becomes a segment");
-        let header = encode_header(base_lsn, epoch);
-        ops.write_at(&self.file, &header, 0)
+        // A recycled file's old first record follows the header: end the log before it.
+        let mut start = [0u8; (SEGMENT_HEADER_BYTES + END_MARKER_BYTES) as usize];
+        start[..SEGMENT_HEADER_BYTES as usize].copy_from_slice(&encode_header(base_lsn, epoch));
+        let n = if self.recycled {
+            start.len()
+        } else {
+            SEGMENT_HEADER_BYTES as usize
+        };
+        ops.write_at(&self.file, &start[..n], 0)
             .map_err(|e| ("write", self.path.clone(), e))?;
         ops.sync_data(&self.file)
             .map_err(|e| ("fdatasync", self.path.clone(), e))?;
@@ -206,6 +269,7 @@ impl Spare {
             base_lsn,
             capacity_bytes: self.target_bytes,
             write_pos: SEGMENT_HEADER_BYTES,
+            stale_tail: self.recycled,
         })
     }
 }

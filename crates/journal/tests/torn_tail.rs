@@ -94,16 +94,33 @@ fn zeroed_tail_from_anywhere_in_the_last_record_loses_only_that_record() {
 }
 
 #[test]
-fn garbage_after_the_end_of_the_log_is_zeroed_not_replayed() {
+fn garbage_after_the_end_of_the_log_is_ended_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let (seg, pristine, _start, end) = prepare(dir.path());
     restore(dir.path(), &seg, &pristine);
     let f = OpenOptions::new().write(true).open(&seg).unwrap();
     f.write_all_at(&[0, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef], end)
         .unwrap();
-    let (j, records) = open(&config(dir.path(), SEGMENT_BYTES)).unwrap();
+    f.write_all_at(&[0xab; 8], end + 4).unwrap();
+    let cfg = config(dir.path(), SEGMENT_BYTES);
+    let (mut j, records) = open(&cfg).unwrap();
     assert_records(&records, 1, RECORDS + 1, PAYLOAD_BYTES);
+    // Appends go over the garbage, and each batch ends the log again.
+    j.append(&payload(RECORDS + 1, 2));
+    j.flush();
     j.close().unwrap();
     let bytes = std::fs::read(&seg).unwrap();
-    assert!(bytes[end as usize..].iter().all(|&b| b == 0));
+    let after = end as usize + 16 + 2;
+    assert_eq!(
+        bytes[after..after + 4],
+        [0, 0, 0, 0],
+        "an end-of-log marker"
+    );
+    let (j, records) = open(&cfg).unwrap();
+    assert_eq!(records.len() as u64, RECORDS + 1);
+    assert_eq!(
+        records.last().unwrap(),
+        &(RECORDS + 1, payload(RECORDS + 1, 2))
+    );
+    j.close().unwrap();
 }
