@@ -23,9 +23,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-/// Largest frame either side accepts: an AppendEntries is cut at 8 MiB of records plus one
-/// entry, a snapshot chunk is `snapshot_max_chunk_size`; a frame limit above both, with room.
+/// Largest frame either side accepts: an AppendEntries is cut at `APPEND_BYTES_MAX` of records
+/// plus one entry, a snapshot chunk is `snapshot_max_chunk_size`; a frame limit above both,
+/// with room.
 pub const FRAME_BYTES_MAX: u32 = 64 << 20;
+/// Records one AppendEntries carries beyond its first entry: 4 MiB. openraft caps an append by
+/// entries only (`max_payload_entries`), and an entry is a whole batch of journal records:
+/// with 64 KiB messages an append grew to tens of MiB, a follower's answer missed its
+/// deadline, heartbeats waited behind it, and the group lost its leader under load. The rest
+/// goes in the next append (`PartialSuccess`).
+const APPEND_BYTES_MAX: usize = 4 << 20;
 const CONNECT_TIMEOUT_MS: u64 = 1_000;
 
 type Member = crate::types::Member;
@@ -191,6 +198,31 @@ impl PeerNetwork {
     }
 }
 
+/// Bytes an entry adds to an append (its records; other entries are small).
+fn entry_bytes(entry: &openraft::Entry<TypeConfig>) -> usize {
+    match &entry.payload {
+        openraft::EntryPayload::Normal(crate::types::Command::Records { records, .. }) => {
+            records.0.len()
+        }
+        _ => 0,
+    }
+}
+
+/// How many entries, of these sizes in order, one append carries: the first always (however
+/// large: it must get through), then as many more as fit in `bytes_max` together with it.
+fn entries_within(sizes: impl Iterator<Item = usize>, bytes_max: usize) -> usize {
+    let mut total = 0;
+    let mut n = 0;
+    for size in sizes {
+        total += size;
+        if n > 0 && total > bytes_max {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
 fn remote<E: std::error::Error>(target: NodeId, e: E) -> RPCError<NodeId, Member, E> {
     RPCError::RemoteError(RemoteError::new(target, e))
 }
@@ -207,10 +239,18 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
-        if let (Some(gate), Some(last)) = (&mut self.gate, rpc.entries.last()) {
-            gate.admit(last.log_id.index).await;
+        let mut rpc = rpc;
+        let sent = entries_within(rpc.entries.iter().map(entry_bytes), APPEND_BYTES_MAX);
+        let cut = sent < rpc.entries.len();
+        rpc.entries.truncate(sent);
+        let last_sent = rpc.entries.last().map(|e| e.log_id);
+        if let (Some(gate), Some(last)) = (&mut self.gate, last_sent) {
+            gate.admit(last.index).await;
         }
         match self.rpc(Request::Append(rpc), &option).await? {
+            Response::Append(Ok(AppendEntriesResponse::Success)) if cut => {
+                Ok(AppendEntriesResponse::PartialSuccess(last_sent))
+            }
             Response::Append(Ok(r)) => Ok(r),
             Response::Append(Err(e)) => Err(remote(self.target, e)),
             _ => Err(mismatch()),
@@ -305,5 +345,21 @@ async fn answer(stream: TcpStream, raft: Raft, admin: Arc<crate::admin::Admin>) 
             Request::Admin(req) => Response::Admin(admin.handle(req).await),
         };
         write_frame(&mut w, &resp).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entries_within;
+
+    #[test]
+    fn an_append_is_cut_by_bytes_but_always_carries_one_entry() {
+        let cut = |sizes: &[usize], max| entries_within(sizes.iter().copied(), max);
+        assert_eq!(cut(&[], 10), 0);
+        assert_eq!(cut(&[100], 10), 1, "a large first entry still goes");
+        assert_eq!(cut(&[4, 4, 2, 1], 10), 3, "up to the limit, inclusive");
+        assert_eq!(cut(&[4, 4, 3], 10), 2);
+        assert_eq!(cut(&[0; 5000], 10), 5000, "small entries are not cut");
+        assert_eq!(cut(&[6, 6, 6], 10), 1);
     }
 }
