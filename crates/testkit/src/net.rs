@@ -5,9 +5,45 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it). Another process can
-/// take it before the broker binds; tests that cannot tolerate that retry with a new port.
+/// Lowest port `free_port` hands out: above the well-known and registered services a test
+/// machine may run.
+const TEST_PORT_MIN: u16 = 10_000;
+/// Candidates `free_port` tries before it falls back to a port the OS picks.
+const TEST_PORT_TRIES_MAX: u32 = 64;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago. Another process can take it before the
+/// broker binds, so it is chosen below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port the OS picks for `bind(0)` comes from that range,
+/// which is also where every outgoing connection of every process gets its local port, and a
+/// test broker then lost its freed port to some client's connect (seen in the network tests
+/// under load). Below the range only another test's pick can collide, and the choice is random.
 pub fn free_port() -> u16 {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let ephemeral_min = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_min > TEST_PORT_MIN + 1_000 {
+        let span = u64::from(ephemeral_min - TEST_PORT_MIN);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let mut x = u64::from(std::process::id()) << 32
+            ^ u64::from(nanos)
+            ^ CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 48;
+        for _ in 0..TEST_PORT_TRIES_MAX {
+            // splitmix64: spreads the seed over the range.
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            let port = TEST_PORT_MIN + (z % span) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local_addr").port()
 }
