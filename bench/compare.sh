@@ -2,19 +2,25 @@
 # Haven vs ActiveMQ Classic 5.17 (and optionally RabbitMQ) on loopback, same machine, same run.
 #
 #   bench/compare.sh [--reps N] [--duration-s S] [--scenarios "a b c d"] [--brokers "haven activemq"]
+#                    [--backlog-n N]
 #
 # Installs ActiveMQ from Debian if missing, starts each broker with the config kept in bench/,
 # runs the disk's fdatasync probe, then every scenario against every broker, alternating the
 # broker order each repetition, and writes medians, ratios and peak RSS as a markdown table to
 # stdout and bench/results/latest.md (raw JSON lines beside it). Stops everything it started.
 #
+# Scenarios (BENCHMARKS.md, "Scenarios"): a b c d f g run for --duration-s each; e is
+# count-based: a backlog of --backlog-n messages (default 1,000,000) filled with no consumer,
+# then drained by one, on a queue of its own per repetition.
 # Brokers: haven, activemq (required by issue 2), rabbitmq (classic durable queues),
 # rabbitmq-quorum (quorum queues, same node), haven-replicated (3 Raft replicas on this
 # machine) and haven-network (two brokers A -> B with a network connector: producers on A,
 # consumers on B, the bridge carries every message); e.g. --brokers "haven haven-network".
 # Environment: HAVEN_BIN (default: build target/release/haven), HAVEN_PORT (61613),
 # AMQ_PORT (61614), AMQ_OPENWIRE_PORT (61616), RABBIT_PORT (61615), REPL_PORT (61623..5),
-# REPL_RAFT_PORT (61720..2), NET_PORT (61633..4), KEEP_WORK=1 keeps the scratch directory.
+# REPL_RAFT_PORT (61720..2), NET_PORT (61633..4), BACKLOG_N (as --backlog-n),
+# BACKLOG_PHASE_TIMEOUT_S (1800: a fill or drain that takes longer is killed and counted
+# failed), KEEP_WORK=1 keeps the scratch directory.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,13 +28,15 @@ REPS=3
 DURATION_S=10
 SCENARIOS="a b c d"
 BROKERS="haven activemq"
+BACKLOG_N=${BACKLOG_N:-1000000}
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2 ;;
     --duration-s) DURATION_S=$2; shift 2 ;;
     --scenarios) SCENARIOS=$2; shift 2 ;;
     --brokers) BROKERS=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --backlog-n) BACKLOG_N=$2; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -36,8 +44,18 @@ HAVEN_PORT=${HAVEN_PORT:-61613}
 AMQ_PORT=${AMQ_PORT:-61614}
 AMQ_OPENWIRE_PORT=${AMQ_OPENWIRE_PORT:-61616}
 RABBIT_PORT=${RABBIT_PORT:-61615}
+# A fill or drain of scenario (e) that takes longer than this is killed: a broker that blocks
+# its producer for good (flow control with no room) would otherwise hang the bench, which
+# waits for its receipt window without a deadline.
+BACKLOG_PHASE_TIMEOUT_S=${BACKLOG_PHASE_TIMEOUT_S:-1800}
 
 log() { echo "[compare] $*" >&2; }
+for s in $SCENARIOS; do
+  case "$s" in a|b|c|d|e|f|g) ;; *) log "unknown scenario $s (a-g)"; exit 2 ;; esac
+done
+for v in REPS BACKLOG_N BACKLOG_PHASE_TIMEOUT_S; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { log "$v=${!v} is not a positive whole number"; exit 2; }
+done
 
 # --- scratch space and cleanup --------------------------------------------------------------
 # Scratch lives on the same file system as the repo (not tmpfs), so brokers sync to a real disk.
@@ -110,9 +128,11 @@ start_activemq() {
   port_free "$AMQ_PORT" || { log "port $AMQ_PORT is busy"; return 1; }
   local base="$WORK/activemq"
   mkdir -p "$base/conf" "$base/data"
-  cp "$ROOT/bench/activemq/activemq.xml" "$ROOT/bench/activemq/log4j2.properties" "$base/conf/"
+  cp "$ROOT/bench/activemq/activemq.xml" "$ROOT/bench/activemq/log4j2.properties" \
+    "$ROOT/bench/activemq/log4j.properties" "$base/conf/"
   # The java command line of Debian's /usr/bin/activemq, with Debian's heap options
-  # (/usr/share/activemq/activemq-options), run in the foreground so we own the pid.
+  # (/usr/share/activemq/activemq-options), run in the foreground so we own the pid. Debian's
+  # build logs through log4j 1.x, so log4j.properties is what makes $WORK/activemq.log useful.
   java -Xms512M -Xmx512M -Dorg.apache.activemq.UseDedicatedTaskRunner=true \
     --add-reads=java.xml=java.logging \
     --add-opens java.base/java.security=ALL-UNNAMED --add-opens java.base/java.net=ALL-UNNAMED \
@@ -129,6 +149,7 @@ start_activemq() {
     -Dactivemq.classpath="$base/conf" -Dactivemq.home=/usr/share/activemq \
     -Dactivemq.base="$base" -Dactivemq.conf="$base/conf" -Dactivemq.data="$base/data" \
     -Dlog4j2.configurationFile="$base/conf/log4j2.properties" \
+    -Dlog4j.configuration="file:$base/conf/log4j.properties" \
     -Dbench.stomp.port="$AMQ_PORT" -Dbench.openwire.port="$AMQ_OPENWIRE_PORT" \
     -jar /usr/share/activemq/bin/activemq.jar start "xbean:file:$base/conf/activemq.xml" \
     >"$WORK/activemq.log" 2>&1 &
@@ -140,7 +161,7 @@ start_activemq() {
 
 # Three replicas (issue 7's throughput target), default timing; the bench talks to the leader.
 start_haven-replicated() {
-  local i j cfg members=""
+  local i cfg members=""
   for i in 0 1 2; do
     port_free $((REPL_PORT + i)) && port_free $((REPL_RAFT_PORT + i)) \
       || { log "port $((REPL_PORT + i)) or $((REPL_RAFT_PORT + i)) is busy"; return 1; }
@@ -154,19 +175,28 @@ start_haven-replicated() {
     "$HAVEN_BIN" run --config "$cfg" >"$WORK/replica-$i.log" 2>&1 &
     PIDS[haven-replicated-$i]=$!
   done
-  # Followers do not listen: the one port that opens is the leader's.
-  for _ in $(seq 300); do
+  find_repl_leader 30 && return 0
+  log "the replicated group elected no leader; see $WORK/replica-*.log"
+  return 1
+}
+
+# Followers do not listen: the one port that opens is the leader's. Leadership can move under
+# load (docs/REPLICATION.md, "Leadership changes under pressure"), so every run asks again
+# rather than failing against a member that no longer leads.
+find_repl_leader() { # seconds
+  local j url
+  for _ in $(seq $(($1 * 10))); do
     for j in 0 1 2; do
       if ! port_free $((REPL_PORT + j)); then
-        URL[haven-replicated]="127.0.0.1:$((REPL_PORT + j))"
+        url="127.0.0.1:$((REPL_PORT + j))"
+        [ "${URL[haven-replicated]:-}" = "$url" ] || log "haven-replicated: member $((j + 1)) leads"
+        URL[haven-replicated]=$url
         RSS_PID[haven-replicated]=${PIDS[haven-replicated-$j]}
-        log "haven-replicated: member $((j + 1)) leads"
         return 0
       fi
     done
     sleep 0.1
   done
-  log "the replicated group elected no leader; see $WORK/replica-*.log"
   return 1
 }
 
@@ -251,12 +281,22 @@ RAW="$WORK/results.jsonl"
 log "fdatasync probe in $WORK"
 "${BENCH[@]}" --fsync-probe "$WORK/fsync-probe" --fsync-count 2000 --json >>"$RAW"
 
+# Duration-based scenarios. The warm-up is per producer: it lets ActiveMQ's JIT compile the
+# message path and every broker write its first journal/store files before the clock starts.
 scenario_args() {
   case "$1" in
-    a) echo "--producers 1 --consumers 1 --persistent true --receipt-every 1 --warmup 200" ;;
-    b) echo "--producers 1 --consumers 1 --persistent true --receipt-every 100 --warmup 2000" ;;
-    c) echo "--producers 4 --consumers 4 --persistent true --receipt-every 100 --warmup 1000" ;;
-    d) echo "--producers 1 --consumers 1 --persistent false --receipt-every 100 --warmup 2000" ;;
+    a) echo "--size 1024 --producers 1 --consumers 1 --persistent true --receipt-every 1 --warmup 200" ;;
+    b) echo "--size 1024 --producers 1 --consumers 1 --persistent true --receipt-every 100 --warmup 2000" ;;
+    c) echo "--size 1024 --producers 4 --consumers 4 --persistent true --receipt-every 100 --warmup 1000" ;;
+    d) echo "--size 1024 --producers 1 --consumers 1 --persistent false --receipt-every 100 --warmup 2000" ;;
+    # (b)'s shape with 64 KiB bodies. 500 warm-up messages are 31 MiB, 15 times (b)'s warm-up
+    # in bytes: the brokers' first store files get written and their per-byte paths (copies,
+    # checksums) hot; (b)'s 2,000 would send 125 MiB before the clock starts.
+    f) echo "--size 65536 --producers 1 --consumers 1 --persistent true --receipt-every 100 --warmup 500" ;;
+    # 100 queues, each with its own producer and consumer (producer i and consumer i on queue
+    # <destination>.i). A small warm-up per producer: 100 producers x 50 = 5,000 messages,
+    # about (c)'s total, and the producers leave warm-up at nearly the same time.
+    g) echo "--size 1024 --producers 100 --consumers 100 --queues 100 --persistent true --receipt-every 100 --warmup 50" ;;
     *) log "unknown scenario $1"; exit 2 ;;
   esac
 }
@@ -264,29 +304,130 @@ scenario_args() {
 rss_reset() { echo 5 >"/proc/$1/clear_refs" 2>/dev/null || true; } # resets VmHWM (Linux >= 4.0)
 rss_peak_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
+# Adds the run's broker, scenario, rep and peak RSS (unless empty: the line has it) to a bench
+# JSON line.
+annotate() { # json broker scenario rep rss_kib
+  echo "$1" | python3 -c 'import json,sys
+d = json.loads(sys.stdin.read())
+d["broker"], d["scenario"], d["rep"] = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if sys.argv[4] != "": d["rss_kib"] = int(sys.argv[4] or 0)
+print(json.dumps(d))' "$2" "$3" "$4" "$5"
+}
+
+# A bench run's output if it is a JSON line (a failed accounting still prints one, ok:false),
+# otherwise a stub that says the run failed.
+json_or_stub() { # output label
+  case "$1" in
+    '{'*) echo "$1" ;;
+    *) printf '{"kind":"load","label":"%s","ok":false}\n' "$2" ;;
+  esac
+}
+
+# Scenario (e): BACKLOG_N persistent 1 KiB messages from one producer with no consumer attached,
+# then one consumer drains them (`--drain-only`, same --run-id), which checks that every
+# message arrives exactly once. The fill asks a RECEIPT every 100 SENDs, window 16, like (b):
+# the fill is then (b)'s producer without its consumer, and its rate compares with (b)'s sent
+# rate (every 1000, as bench/backlog.sh does, would let 16,000 unconfirmed messages queue up
+# and measure a different producer). The drain is (b)'s consumer (ack auto, broker-default
+# prefetch), so "drain within 20% of (b)" compares like with like. No warm-up: every message
+# of the backlog counts. Each rep gets its own queue, so a failed drain leaves nothing behind
+# for the next one. Prints one JSON line: the drain's, with the fill's figures and each
+# phase's peak RSS added.
+BACKLOG_ARGS=(--size 1024 --producers 1 --persistent true --receipt-every 100 --warmup 0 --count "$BACKLOG_N")
+run_backlog() { # broker rep
+  local b=$1 rep=$2 pid=${RSS_PID[$1]} run_id dest fill="" drain="" t0 t1 t2
+  local fill_status=0 drain_status=0 fill_rss=0 drain_rss=0
+  run_id=$(( ($(date +%s%N) ^ ($$ << 40)) & 0x7fffffffffffffff ))
+  dest="/queue/bench.$b.e.$rep"
+  rss_reset "$pid"
+  t0=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  fill=$(timeout --foreground -k 10 "$BACKLOG_PHASE_TIMEOUT_S" "${BENCH[@]}" --url "${URL[$b]}" \
+    --destination "$dest" --run-id "$run_id" --json --label "$b/e/$rep/fill" \
+    "${BACKLOG_ARGS[@]}" --consumers 0 ${EXTRA[$b]:-}) || fill_status=$?
+  t1=$(date +%s.%N)
+  fill_rss=$(rss_peak_kib "$pid")
+  [ $fill_status -eq 0 ] || log "fill $b/e/$rep failed (exit $fill_status; 124 = timed out)"
+  fill=$(json_or_stub "$fill" "$b/e/$rep/fill")
+  if [ $fill_status -eq 0 ]; then
+    if [ "$b" = haven-replicated ]; then
+      find_repl_leader 30 || log "haven-replicated has no leader; the drain will fail"
+      pid=${RSS_PID[$b]}
+    fi
+    rss_reset "$pid"
+    # shellcheck disable=SC2086
+    drain=$(timeout --foreground -k 10 "$BACKLOG_PHASE_TIMEOUT_S" "${BENCH[@]}" --url "${URL[$b]}" \
+      --destination "$dest" --run-id "$run_id" --json --label "$b/e/$rep/drain" \
+      "${BACKLOG_ARGS[@]}" --drain-only --consumers 1 ${EXTRA[$b]:-}) || drain_status=$?
+    drain_rss=$(rss_peak_kib "$pid")
+    [ $drain_status -eq 0 ] || log "drain $b/e/$rep failed (exit $drain_status; 124 = timed out)"
+  else
+    drain_status=1
+  fi
+  t2=$(date +%s.%N)
+  drain=$(json_or_stub "$drain" "$b/e/$rep/drain")
+  python3 - "$fill" "$drain" "$fill_status" "$drain_status" "$fill_rss" "$drain_rss" "$t0" "$t1" "$t2" "$BACKLOG_N" <<'PY'
+import json, sys
+fill, drain = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+fill_status, drain_status, fill_rss, drain_rss = (int(x or 0) for x in sys.argv[3:7])
+t0, t1, t2 = (float(x) for x in sys.argv[7:10])
+n = int(sys.argv[10])
+d = dict(drain)
+d["kind"] = "backlog"
+d["count"] = n
+# Every message of the fill was receipted (the fill exits 0 only then) and arrived exactly once.
+d["ok"] = (fill_status == 0 and drain_status == 0 and bool(drain.get("ok"))
+           and fill.get("receipts", 0) > 0 and drain.get("unique") == n)
+d["fill"] = {k: fill.get(k) for k in ("ok", "sent", "receipts", "send_seconds", "send_rate",
+                                      "receipt_latency_us")}
+d["fill"]["exit"] = fill_status
+d["drain_exit"] = drain_status
+d["send_rate"] = fill.get("send_rate")
+d["rss_fill_kib"], d["rss_drain_kib"] = fill_rss, drain_rss
+d["rss_kib"] = max(fill_rss, drain_rss)
+d["fill_wall_s"], d["drain_wall_s"] = round(t1 - t0, 3), round(t2 - t1, 3)
+print(json.dumps(d))
+PY
+}
+
+# Scenario (e) keeps a whole backlog on each broker's disk at once: check there is room for
+# it (twice the payload plus framing, as bench/backlog.sh asks) before spending the time.
+case " $SCENARIOS " in
+  *" e "*)
+    need_kib=$(( BACKLOG_N * (1024 + 256) * 2 / 1024 ))
+    free_kib=$(df -Pk "$WORK" | awk 'NR == 2 { print $4 }')
+    [ "$free_kib" -ge "$need_kib" ] \
+      || { log "$WORK has $((free_kib / 1024)) MiB free; scenario (e) needs about $((need_kib / 1024)) MiB"; exit 1; }
+    ;;
+esac
+
 order=($STARTED)
 for rep in $(seq "$REPS"); do
   for s in $SCENARIOS; do
     for b in "${order[@]}"; do
+      if [ "$b" = haven-replicated ]; then
+        find_repl_leader 30 || log "haven-replicated has no leader; this run will fail"
+      fi
       pid=${RSS_PID[$b]}
+      if [ "$s" = e ]; then
+        log "rep $rep scenario (e) $b: fill $BACKLOG_N, then drain"
+        line=$(run_backlog "$b" "$rep")
+        kill -0 "$pid" 2>/dev/null || { log "$b died during $s; see $WORK/$b.log"; }
+        annotate "$line" "$b" "$s" "$rep" "" >>"$RAW"
+        continue
+      fi
       rss_reset "$pid"
       log "rep $rep scenario ($s) $b"
       status=0
       # shellcheck disable=SC2046
-      line=$("${BENCH[@]}" --url "${URL[$b]}" --size 1024 --duration-s "$DURATION_S" \
+      line=$("${BENCH[@]}" --url "${URL[$b]}" --duration-s "$DURATION_S" \
         --destination "/queue/bench.$b.$s" --json --label "$b/$s/$rep" $(scenario_args "$s") ${EXTRA[$b]:-}) || status=$?
       if [ $status -ne 0 ]; then
         log "run $b/$s/$rep failed (exit $status)"
-        # A failed accounting still prints its JSON line (ok:false); anything else gets a stub.
-        case "$line" in
-          '{'*) ;;
-          *) line=$(printf '{"kind":"load","label":"%s/%s/%s","ok":false}' "$b" "$s" "$rep") ;;
-        esac
+        line=$(json_or_stub "$line" "$b/$s/$rep")
       fi
       kill -0 "$pid" 2>/dev/null || { log "$b died during $s; see $WORK/$b.log"; }
-      rss=$(rss_peak_kib "$pid")
-      echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["broker"],d["scenario"],d["rep"],d["rss_kib"]=sys.argv[1],sys.argv[2],int(sys.argv[3]),int(sys.argv[4] or 0); print(json.dumps(d))' \
-        "$b" "$s" "$rep" "$rss" >>"$RAW"
+      annotate "$line" "$b" "$s" "$rep" "$(rss_peak_kib "$pid")" >>"$RAW"
     done
   done
   # Alternate which broker goes first.
@@ -296,6 +437,7 @@ done
 # --- table ------------------------------------------------------------------------------------
 mkdir -p "$ROOT/bench/results"
 COMMAND="bench/compare.sh --reps $REPS --duration-s $DURATION_S --scenarios \"$SCENARIOS\" --brokers \"$BROKERS\""
+case " $SCENARIOS " in *" e "*) COMMAND+=" --backlog-n $BACKLOG_N" ;; esac
 python3 "$ROOT/bench/summarize.py" "$RAW" --command "$COMMAND" \
   --commit "$(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo unknown)" \
   | tee "$ROOT/bench/results/latest.md"

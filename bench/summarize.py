@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Turns compare.sh's JSON lines (one per `haven bench --json` run) into a markdown table:
-medians per scenario and broker, ratios to ActiveMQ, peak RSS, and issue 9's targets."""
+medians per scenario and broker, ratios to ActiveMQ, peak RSS, and issue 9's targets.
+Scenario (e), the backlog, gets a table of its own: its lines carry a fill and a drain."""
 import argparse, json, platform, os, statistics, time
 
 SCENARIOS = {
@@ -8,9 +9,17 @@ SCENARIOS = {
     "b": "1/1 persistent, RECEIPT every 100",
     "c": "4/4 persistent, RECEIPT every 100",
     "d": "1/1 non-persistent, RECEIPT every 100",
+    "e": "backlog of {n} messages: filled by 1 producer (persistent, RECEIPT every 100) with no "
+         "consumer attached, then drained by 1 consumer",
+    "f": "(b) with 64 KiB bodies: 1/1 persistent, RECEIPT every 100",
+    "g": "100 queues, each with its own producer and consumer (100/100), persistent, RECEIPT every 100",
 }
 # Issue 9: throughput ratio to ActiveMQ in the same run.
 TARGET_RATIO = {"a": 1.5, "b": 4.0, "c": 3.0, "d": 2.5}
+# Issue 9, (e): Haven's drain rate within 20% of its own (b) rate in the same run, and issue 3's
+# memory bound held while the backlog is filled and drained.
+BACKLOG_DRAIN_VS_B = 0.8
+BACKLOG_RSS_MIB_MAX = 512
 
 def med(xs):
     xs = [x for x in xs if x is not None]
@@ -42,7 +51,8 @@ def main():
         else:
             runs.append(d)
     brokers = sorted({r["broker"] for r in runs}, key=lambda b: (b != "haven", b))
-    scenarios = [s for s in SCENARIOS if any(r["scenario"] == s for r in runs)]
+    scenarios = [s for s in SCENARIOS if s != "e" and any(r["scenario"] == s for r in runs)]
+    backlog = [r for r in runs if r["scenario"] == "e"]
     out = []
     out.append(f"Measured {time.strftime('%Y-%m-%d %H:%M %Z')} at commit `{a.commit}` on "
                f"{os.cpu_count()} cores, Linux {platform.release()}, with `{a.command}` "
@@ -53,6 +63,17 @@ def main():
         out.append(f"Disk `fdatasync` ({fsync['count']} x {fsync['bytes']} B writes, preallocated file): "
                    f"**{fmt(fsync['rate'])}/s**, p50 {fmt(l['p50'])} us, p99 {fmt(l['p99'])} us, max {fmt(l['max'])} us.")
         out.append("")
+    if scenarios:
+        out.extend(main_table(scenarios, brokers, runs, fsync))
+    if backlog:
+        if scenarios:
+            out.append("")
+        out.extend(backlog_table(backlog, brokers, runs))
+    print("\n".join(out))
+
+def main_table(scenarios, brokers, runs, fsync):
+    """The duration-based scenarios: one row per scenario and broker."""
+    out = []
     out.append("| scenario | broker | msg/s (median) | vs ActiveMQ | target | sent msg/s | send→receipt p50 / p99 (ms) "
                "| send→receive p50 / p99 (ms) | peak RSS (MiB) | runs ok |")
     out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -100,7 +121,70 @@ def main():
             out.append("")
             out.append(f"(a) target p99 send→receipt ≤ 2× disk p99 fdatasync = {fmt(limit)} us: "
                        f"Haven {fmt(p99)} us → {'met' if p99 <= limit else '**missed**'}.")
-    print("\n".join(out))
+    return out
+
+def backlog_table(backlog, brokers, runs):
+    """Scenario (e): drain rate (the main figure), fill rate, peak RSS per phase, targets."""
+    out = []
+    ns = sorted({r.get("count") for r in backlog if r.get("count")})
+    n_text = " / ".join(f"{n:,}" for n in ns) or "n/a"
+    out.append(f"Scenario (e), {SCENARIOS['e'].format(n=n_text)}:")
+    out.append("")
+    out.append("| broker | drain msg/s (median) | vs ActiveMQ | drain vs own (b) | target | fill msg/s (median) "
+               "| fill / drain time (s) | peak RSS fill / drain (MiB) | runs ok |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    mib = lambda k: k / 1024 if k else None
+    by = {}
+    for b in brokers:
+        rs = [r for r in backlog if r["broker"] == b]
+        if not rs:
+            continue
+        good = [r for r in rs if r.get("ok")]
+        b_runs = [r for r in runs if r["scenario"] == "b" and r["broker"] == b and r.get("ok")]
+        by[b] = dict(
+            n=len(rs), ok=len(good),
+            drain=med([r.get("recv_rate") for r in good]),
+            fill=med([(r.get("fill") or {}).get("send_rate") for r in good]),
+            fill_s=med([(r.get("fill") or {}).get("send_seconds") for r in good]),
+            drain_s=med([r.get("recv_seconds") for r in good]),
+            b_rate=med([r.get("recv_rate") for r in b_runs]),
+            rss_fill=max([r.get("rss_fill_kib", 0) for r in rs] or [0]),
+            rss_drain=max([r.get("rss_drain_kib", 0) for r in rs] or [0]),
+        )
+    base = by.get("activemq", {}).get("drain")
+    verdicts = []
+    for b, v in by.items():
+        ratio = v["drain"] / base if (base and v["drain"] and b != "activemq") else None
+        vs_b = v["drain"] / v["b_rate"] if (v["drain"] and v["b_rate"]) else None
+        verdict = ""
+        if b == "haven" and vs_b is not None:
+            verdict = f"≥{BACKLOG_DRAIN_VS_B}× (b) {'met' if vs_b >= BACKLOG_DRAIN_VS_B else '**missed**'}"
+        out.append(f"| {b} | {fmt(v['drain'])} | {fmt(ratio, 2) + '×' if ratio else ''} "
+                   f"| {fmt(vs_b, 2) + '×' if vs_b else 'n/a'} | {verdict} | {fmt(v['fill'])} "
+                   f"| {fmt(v['fill_s'], 1)} / {fmt(v['drain_s'], 1)} "
+                   f"| {fmt(mib(v['rss_fill']))} / {fmt(mib(v['rss_drain']))} | {v['ok']}/{v['n']} |")
+        if b == "haven":
+            if vs_b is None and v["ok"]:
+                verdicts.append(f"(e) target drain ≥ {BACKLOG_DRAIN_VS_B}× (b): not checked, (b) was not measured "
+                                "for Haven in this run (add `b` to --scenarios).")
+            peak = mib(max(v["rss_fill"], v["rss_drain"]))
+            if not v["ok"]:
+                verdicts.append("(e) targets: not checked, no run of Haven completed.")
+            elif peak:
+                verdicts.append(f"(e) target peak RSS ≤ {BACKLOG_RSS_MIB_MAX} MiB (issue 3's bound) "
+                                f"during fill and drain: Haven {fmt(peak)} MiB → "
+                                f"{'met' if peak <= BACKLOG_RSS_MIB_MAX else '**missed**'}.")
+    out.append("")
+    out.append("Drain msg/s: messages / (drain start → last delivery), with ack auto and the broker's "
+               "default prefetch, as in (b); fill msg/s: messages / (first send → last RECEIPT). "
+               "Drain vs own (b): the drain rate over the same broker's (b) msg/s median in this run "
+               "(issue 9: within 20%). Peak RSS is the broker's VmHWM, reset before each phase, "
+               "largest over the runs. A run is ok when every message of the fill was receipted "
+               "and the drain delivered each exactly once.")
+    if verdicts:
+        out.append("")
+        out.extend(verdicts)
+    return out
 
 if __name__ == "__main__":
     main()
