@@ -10,7 +10,11 @@
 //!   hold `l`, `l` is past the end of the last known one, or a segment file has vanished), so
 //!   steady reading does no directory I/O. The writer deletes released segments (always a
 //!   prefix) at any time. A descriptor that is still open on a deleted file can still be read;
-//!   that is harmless, because the records were released, not damaged. A listing drops every
+//!   that is harmless, because the records were released, not damaged. The writer may instead
+//!   recycle a released file as a newer segment: a descriptor on it then shows records the
+//!   listing does not expect. Only a record with the wanted LSN and a matching CRC is ever
+//!   returned (the CRC covers the LSN), so the worst is an error; on one, the reader closes
+//!   every file no longer at its segment's name, lists the directory again, and retries. A listing drops every
 //!   known segment below the oldest file still present. At most `segments_open_max` files are
 //!   open: beyond that, the least recently used one is closed together with its index.
 //! * Sparse index: for each open segment, the file offset of every `index_stride_records`-th
@@ -45,7 +49,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Bound;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::record::{frame, Frame, RECORD_HEADER_BYTES};
@@ -237,8 +241,17 @@ impl Reader {
             return Err(JournalError::NotFound { lsn });
         }
         self.read_seq += 1;
-        if let Some(payload) = self.read_listed(lsn)? {
-            return Ok(payload);
+        match self.read_listed(lsn) {
+            Ok(Some(payload)) => return Ok(payload),
+            Ok(None) => {}
+            // Damage, or a stale listing: the writer recycles released segment files, so a
+            // descriptor this reader kept open on one may now show a newer segment's records.
+            Err(e @ JournalError::Corrupt { .. }) => {
+                if !self.close_recycled()? {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
         }
         // A miss. The writer may have rolled over or deleted segments since the last listing.
         self.refresh()?;
@@ -376,6 +389,27 @@ impl Reader {
         if self.chunk.segment_base == Some(base) {
             self.chunk.segment_base = None;
         }
+    }
+
+    /// Closes every open segment whose file is no longer the one at its name (released, and
+    /// renamed away to be recycled). Returns whether there was one.
+    fn close_recycled(&mut self) -> Result<bool, JournalError> {
+        let mut gone = Vec::new();
+        for (base, slot) in &self.segments {
+            let Some(open) = &slot.open else { continue };
+            let io = |e| JournalError::io(&open.path, e);
+            let ours = open.file.metadata().map_err(io)?.ino();
+            match std::fs::metadata(&open.path) {
+                Ok(m) if m.ino() == ours => {}
+                Ok(_) => gone.push(*base),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => gone.push(*base),
+                Err(e) => return Err(io(e)),
+            }
+        }
+        for base in &gone {
+            self.close(*base);
+        }
+        Ok(!gone.is_empty())
     }
 
     /// Lists the directory again: adds new segments and drops those below the oldest file

@@ -176,3 +176,35 @@ fn an_old_record_at_the_end_of_a_sealed_segment_is_corruption() {
     let (segment, offset, reason) = expect_corrupt(open(&cfg));
     assert_eq!((&segment, offset), (sealed, end), "{reason}");
 }
+
+#[test]
+fn a_reader_holding_a_recycled_file_open_still_reads_the_right_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), SEGMENT_BYTES);
+    let (mut j, _) = open(&cfg).unwrap();
+    append_until(&mut j, 100, PAYLOAD_BYTES);
+    wait_durable(&j, 99);
+    // The reader lists segments 1 and 65 and keeps 65 open: as far as it knows, the newest.
+    let mut reader = j.reader().unwrap();
+    assert_eq!(reader.read(70).unwrap(), payload(70, PAYLOAD_BYTES));
+    append_until(&mut j, 400, PAYLOAD_BYTES);
+    wait_durable(&j, 399);
+    let live = j.segments()[j.segments().len() - 2].base_lsn;
+    j.release_before(live);
+    // The two oldest released files (1 and 65) are kept, and the writer rolls into them.
+    wait_for("two recycled files", || {
+        recycled_files(dir.path()).len() == 2
+    });
+    let end = 400 + 2 * 64;
+    append_until(&mut j, end, PAYLOAD_BYTES);
+    wait_durable(&j, end - 1);
+    assert!(recycled_files(dir.path()).is_empty());
+    // Segment 65's file, still open in the reader, now holds the newest records.
+    for lsn in (live..end).rev().step_by(7) {
+        let read = reader
+            .read(lsn)
+            .unwrap_or_else(|e| panic!("LSN {lsn}: {e}"));
+        assert_eq!(read, payload(lsn, PAYLOAD_BYTES), "LSN {lsn}");
+    }
+    j.close().unwrap();
+}
