@@ -262,11 +262,13 @@ impl Core {
                 }
                 // Producers outrunning the disk wait here instead of growing the journal's
                 // buffer without bound.
-                msg = rx.recv(), if self.journal.next_lsn() - 1 - self.durable < UNSYNCED_RECORDS_MAX
-                    && self.appended_bytes - self.synced_bytes < UNSYNCED_BYTES_MAX => {
+                msg = rx.recv(), if self.accepting() => {
                     let Some(msg) = msg else { break Ok(()) };
                     self.on_msg(msg);
                     for _ in 0..COMMANDS_PER_BATCH_MAX {
+                        if !self.accepting() {
+                            break;
+                        }
                         match rx.try_recv() {
                             Ok(msg) => self.on_msg(msg),
                             Err(_) => break,
@@ -461,6 +463,10 @@ impl Core {
         let conns: Vec<ConnId> = self.parked.keys().copied().collect();
         for conn in conns {
             while let Some(p) = self.parked.get(&conn) {
+                if !self.accepting() {
+                    // The rest waits for the sync, like commands still in the channel.
+                    return;
+                }
                 let Some(cmd) = p.cmds.front() else {
                     let p = self.parked.remove(&conn).expect("present");
                     if p.paused {
@@ -489,6 +495,15 @@ impl Core {
                 self.apply(cmd);
             }
         }
+    }
+
+    /// Whether the core takes another command now: producers outrunning the disk wait (in
+    /// the channel, or parked) instead of growing the journal's buffers without bound. Checked
+    /// before every command, not once per wake-up: 4,096 commands of 64 KiB SENDs had put
+    /// 256 MiB into the buffers at once, and the buffers keep their size.
+    fn accepting(&self) -> bool {
+        self.journal.next_lsn() - 1 - self.durable < UNSYNCED_RECORDS_MAX
+            && self.appended_bytes - self.synced_bytes < UNSYNCED_BYTES_MAX
     }
 
     /// Runs one command through the engine and queues what it produced.
