@@ -33,6 +33,10 @@ const PAGE_IN_HIGH_MESSAGES: usize = 4_000;
 /// when paging cannot keep up or cannot apply).
 const MEMORY_HARD_FACTOR: u64 = 2;
 
+/// Bytes of messages one read-ahead hint names at most: 16 MiB (and never more than the
+/// queue's budget). The read-ahead holds them decoded outside the budget until consumed.
+const PREFETCH_HINT_BYTES_MAX: u64 = 16 << 20;
+
 /// Tail entries one call looks at when moving durable ones out of memory.
 const PAGE_OUT_SCAN_MAX: usize = 8_192;
 
@@ -282,14 +286,22 @@ impl Engine {
             self.paging_queues.remove(&q);
             return;
         }
-        // Let the loader read the next batch ahead while consumers work through this one.
+        // Let the loader read the next batch ahead while consumers work through this one,
+        // bounded in bytes as well as messages (64 KiB messages made a count-only batch
+        // 256 MiB, all of it outside the budget).
         let durable = self.durable_lsn;
+        let mut hinted_bytes = 0u64;
         let next: Vec<(u64, u64)> = self
             .queue(q)
             .cold
             .iter()
             .take(PAGE_IN_HIGH_MESSAGES)
             .filter(|(_, c)| c.lsn < durable)
+            .take_while(|(_, c)| {
+                let first = hinted_bytes == 0;
+                hinted_bytes += u64::from(c.bytes);
+                first || hinted_bytes <= budget.min(PREFETCH_HINT_BYTES_MAX)
+            })
             .map(|(seq, c)| (c.lsn, seq))
             .collect();
         if !next.is_empty() {

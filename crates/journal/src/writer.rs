@@ -42,6 +42,9 @@ const SPARE_STEP_BYTES: u64 = 1024 * 1024;
 /// disk (64 MiB by default) until it is used; two cover a roll over while the next release is
 /// on its way.
 const RECYCLED_SEGMENTS_MAX: usize = 2;
+/// Capacity a batch buffer keeps after it was written: 8 MiB. Bursts of large messages grew the
+/// buffers to 32 MiB each, and a `Vec` keeps its size.
+const BATCH_CAPACITY_KEEP_BYTES: usize = 8 << 20;
 
 pub(crate) type DurableSender = watch::Sender<Result<Lsn, JournalFailure>>;
 
@@ -126,6 +129,11 @@ impl Writer {
                 }
             }
             self.batch.clear();
+            if self.batch.capacity() > BATCH_CAPACITY_KEEP_BYTES {
+                // A burst grew it; the three buffers rotate through here (caller, queue,
+                // writer), so this bounds what all of them keep between bursts.
+                self.batch = Vec::new();
+            }
             if !self.failed {
                 for path in deletes {
                     if let Err(f) = self.delete(&path) {

@@ -15,8 +15,37 @@ use std::sync::{Arc, Mutex};
 /// Decoded messages waiting for `load`, at most: one batch ahead, plus slack. Beyond it the
 /// worker drops what was never asked for (consumers went away).
 const PREFETCHED_MESSAGES_MAX: usize = 16_384;
+/// The same bound in bytes of messages (`Message::size_bytes`): 64 MiB, the default memory
+/// budget. Counted in messages alone, 64 KiB messages could hold a gigabyte here.
+const PREFETCHED_BYTES_MAX: usize = 64 << 20;
 
-type Decoded = Arc<Mutex<HashMap<(u64, u64), Arc<Message>>>>;
+/// Messages read ahead, by (lsn, seq), and the sum of their `size_bytes`.
+#[derive(Default)]
+struct Prefetched {
+    messages: HashMap<(u64, u64), Arc<Message>>,
+    bytes: usize,
+}
+
+impl Prefetched {
+    fn insert(&mut self, key: (u64, u64), msg: Arc<Message>) {
+        if self.messages.len() >= PREFETCHED_MESSAGES_MAX || self.bytes >= PREFETCHED_BYTES_MAX {
+            self.messages.clear();
+            self.bytes = 0;
+        }
+        self.bytes += msg.size_bytes();
+        if let Some(old) = self.messages.insert(key, msg) {
+            self.bytes -= old.size_bytes();
+        }
+    }
+
+    fn remove(&mut self, key: &(u64, u64)) -> Option<Arc<Message>> {
+        let msg = self.messages.remove(key)?;
+        self.bytes -= msg.size_bytes();
+        Some(msg)
+    }
+}
+
+type Decoded = Arc<Mutex<Prefetched>>;
 
 /// Opens its readers on first use: the engine gets the loader before replay (so a deep backlog
 /// is recovered paged out), but reads only once the broker serves.
@@ -52,6 +81,7 @@ impl JournalLoader {
                         if decoded
                             .lock()
                             .expect("prefetch map")
+                            .messages
                             .contains_key(&(lsn, seq))
                         {
                             continue;
@@ -60,11 +90,10 @@ impl JournalLoader {
                         let Ok(msg) = read_message(&mut reader, &dir, lsn, seq) else {
                             break;
                         };
-                        let mut map = decoded.lock().expect("prefetch map");
-                        if map.len() >= PREFETCHED_MESSAGES_MAX {
-                            map.clear();
-                        }
-                        map.insert((lsn, seq), msg);
+                        decoded
+                            .lock()
+                            .expect("prefetch map")
+                            .insert((lsn, seq), msg);
                     }
                 }
             });
