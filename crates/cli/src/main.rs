@@ -161,19 +161,6 @@ fn shorten_allocator_purge_delay() {
     unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS) };
 }
 
-#[cfg(test)]
-mod allocator_tests {
-    use super::*;
-
-    #[test]
-    fn the_purge_delay_option_is_the_one_mimalloc_defaults_to_one_second() {
-        // Before `main` changes it (tests do not run `main`): mimalloc v3's default purge
-        // delay is 1,000 ms, and no neighbouring option of mimalloc.h defaults to that.
-        // SAFETY: reads one integer option.
-        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 1_000);
-    }
-}
-
 async fn run(
     config: Option<PathBuf>,
     stomp: Option<SocketAddr>,
@@ -320,4 +307,17 @@ fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
         tracing::info!("stopping on signal");
         let _ = stop.send(true);
     });
+}
+
+#[cfg(test)]
+mod allocator_tests {
+    use super::*;
+
+    #[test]
+    fn the_purge_delay_option_is_the_one_mimalloc_defaults_to_one_second() {
+        // Before `main` changes it (tests do not run `main`): mimalloc v3's default purge
+        // delay is 1,000 ms, and no neighbouring option of mimalloc.h defaults to that.
+        // SAFETY: reads one integer option.
+        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 1_000);
+    }
 }
