@@ -54,23 +54,7 @@ WORK=$(mktemp -d "$ROOT/target/bench-backlog.XXXXXX")
 BROKER_PID=""
 SAMPLER_PID=""
 STOP_S=""
-# Graceful (SIGTERM), then SIGKILL after STOP_TIMEOUT_S; sets STOP_S to the seconds it took.
-# Runs in the main shell (never in $(...)): only the broker's parent can reap it.
-stop_broker() {
-  local pid=$BROKER_PID start end
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
-  start=$(date +%s.%N)
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq $((STOP_TIMEOUT_S * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
-    log "broker (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT_S}s: SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
-  end=$(date +%s.%N)
-  BROKER_PID=""
-  STOP_S=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
-}
+source "$ROOT/bench/broker_proc.sh"
 cleanup() {
   local status=$?
   if [ -n "$SAMPLER_PID" ]; then kill "$SAMPLER_PID" 2>/dev/null || true; wait "$SAMPLER_PID" 2>/dev/null || true; fi
