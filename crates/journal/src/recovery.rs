@@ -49,6 +49,11 @@ const READ_BUFFER_BYTES: usize = 1024 * 1024;
 const DISCARD_SUFFIX: &str = ".discard";
 /// Window of the scan for valid records after damage: 1 MiB.
 const SCAN_WINDOW_BYTES: usize = 1024 * 1024;
+/// Bytes one scan may spend checking CRCs of would-be old records that turn out not to be
+/// records: 256 MiB (tens of milliseconds). Old LSNs are a wide range, so payload bytes can
+/// look like a header often (arrays of small integers); past this the scan stops skipping
+/// old records and only looks for new ones, which is bounded by the file's size.
+const OLD_RECORD_MISS_BYTES_MAX: usize = 256 << 20;
 /// Chunk of zeros written when zeroing a torn tail: 1 MiB.
 pub(crate) const ZERO_CHUNK_BYTES: usize = 1024 * 1024;
 
@@ -493,7 +498,9 @@ struct Scan {
 ///
 /// A valid record with a lower LSN is an old one of a recycled file, and is skipped whole: a
 /// newer record cannot start inside it without changing its bytes, and its CRC proves they are
-/// unchanged. That keeps the scan of a recycled tail to one CRC per old record.
+/// unchanged. That keeps the scan of a recycled tail to about one CRC per old record rather
+/// than a header check at each of up to 64 Mi offsets (an estimate: about 100 ms). What it may
+/// spend on look-alikes is bounded by `OLD_RECORD_MISS_BYTES_MAX`.
 fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::io::Result<Scan> {
     let mut scan = Scan {
         valid: None,
@@ -509,6 +516,7 @@ fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::i
     let mut at = from;
     // Offsets below this are inside an old record already verified.
     let mut skip_to = from;
+    let mut old_miss_bytes = 0usize;
     while at < file_len {
         let n = (file_len - at).min(SCAN_WINDOW_BYTES as u64) as usize;
         file.read_exact_at(&mut window[..n], at)?;
@@ -528,7 +536,11 @@ fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::i
                 continue;
             };
             let new = h.lsn >= lsn_min && h.lsn - lsn_min < lsn_span;
-            let old = h.lsn != 0 && h.lsn < lsn_min;
+            // Only within the window (no extra read), and within the budget.
+            let old = h.lsn != 0
+                && h.lsn < lsn_min
+                && s + total <= n
+                && old_miss_bytes < OLD_RECORD_MISS_BYTES_MAX;
             if !(new || old) || offset + total as u64 > file_len {
                 continue;
             }
@@ -541,6 +553,9 @@ fn scan_for_valid(file: &File, from: u64, file_len: u64, lsn_min: Lsn) -> std::i
                 }
             };
             if !h.crc_matches(body) {
+                if !new {
+                    old_miss_bytes += total;
+                }
                 continue;
             }
             if new {

@@ -208,3 +208,27 @@ fn a_reader_holding_a_recycled_file_open_still_reads_the_right_records() {
     }
     j.close().unwrap();
 }
+
+#[test]
+fn look_alike_old_headers_do_not_hide_a_newer_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _live) = journal_with_recycled_segments(dir.path());
+    let last = segment_files(dir.path()).pop().unwrap();
+    let (end, bytes) = log_end(&last);
+    // After the marker: bytes that look like an old record's header every 16 bytes (a valid
+    // length, an LSN below the base, a wrong CRC), each costing the scan a CRC; then a valid
+    // record the log should have reached, which must still be found.
+    let mut fake = Vec::new();
+    while fake.len() < 32 * 1024 {
+        fake.extend_from_slice(&16_000u32.to_le_bytes());
+        fake.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+        fake.extend_from_slice(&7u64.to_le_bytes());
+    }
+    write_at(&last, &fake, end + 4);
+    let next = 400 + 2 * 64;
+    let far = (bytes.len() as u64 - 4096).max(end + 4 + fake.len() as u64 + 64);
+    write_at(&last, &encode(next + 1, &payload(next + 1, 40)), far);
+    let (_, offset, reason) = expect_corrupt(open(&cfg));
+    assert_eq!(offset, end, "{reason}");
+    assert!(reason.contains("followed by a valid record"), "{reason}");
+}
