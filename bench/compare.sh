@@ -2,12 +2,13 @@
 # Haven vs ActiveMQ Classic 5.17 (and optionally RabbitMQ) on loopback, same machine, same run.
 #
 #   bench/compare.sh [--reps N] [--duration-s S] [--scenarios "a b c d"] [--brokers "haven activemq"]
-#                    [--backlog-n N]
+#                    [--backlog-n N] [--record]
 #
 # Installs ActiveMQ from Debian if missing, starts each broker with the config kept in bench/,
 # runs the disk's fdatasync probe, then every scenario against every broker, alternating the
 # broker order each repetition, and writes medians, ratios and peak RSS as a markdown table to
-# stdout and bench/results/latest.md (raw JSON lines beside it). Stops everything it started.
+# stdout and bench/results/latest.md (raw JSON lines beside it); --record also puts the table
+# into BENCHMARKS.md ("Last recorded run", bench/record.py). Stops everything it started.
 #
 # Scenarios (BENCHMARKS.md, "Scenarios"): a b c d f g run for --duration-s each; e is
 # count-based: a backlog of --backlog-n messages (default 1,000,000) filled with no consumer,
@@ -29,6 +30,7 @@ DURATION_S=10
 SCENARIOS="a b c d"
 BROKERS="haven activemq"
 BACKLOG_N=${BACKLOG_N:-1000000}
+RECORD=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2 ;;
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
     --scenarios) SCENARIOS=$2; shift 2 ;;
     --brokers) BROKERS=$2; shift 2 ;;
     --backlog-n) BACKLOG_N=$2; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --record) RECORD=1; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -442,3 +445,7 @@ python3 "$ROOT/bench/summarize.py" "$RAW" --command "$COMMAND" \
   --commit "$(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo unknown)" \
   | tee "$ROOT/bench/results/latest.md"
 cp "$RAW" "$ROOT/bench/results/latest.jsonl"
+if [ "$RECORD" = 1 ]; then
+  python3 "$ROOT/bench/record.py" "$ROOT/BENCHMARKS.md" "$ROOT/bench/results/latest.md"
+  log "recorded in BENCHMARKS.md (\"Last recorded run\")"
+fi
