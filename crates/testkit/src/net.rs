@@ -18,27 +18,19 @@ const TEST_PORT_TRIES_MAX: u32 = 64;
 /// test broker then lost its freed port to some client's connect (seen in the network tests
 /// under load). Below the range only another test's pick can collide, and the choice is random.
 pub fn free_port() -> u16 {
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    use std::hash::{BuildHasher, Hasher};
     let ephemeral_min = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32_768);
     if ephemeral_min > TEST_PORT_MIN + 1_000 {
         let span = u64::from(ephemeral_min - TEST_PORT_MIN);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let mut x = u64::from(std::process::id()) << 32
-            ^ u64::from(nanos)
-            ^ CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 48;
-        for _ in 0..TEST_PORT_TRIES_MAX {
-            // splitmix64: spreads the seed over the range.
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            let port = TEST_PORT_MIN + (z % span) as u16;
+        // std's randomly keyed hasher: a different sequence in every process and call.
+        let random = std::collections::hash_map::RandomState::new();
+        for attempt in 0..TEST_PORT_TRIES_MAX {
+            let mut h = random.build_hasher();
+            h.write_u32(attempt);
+            let port = TEST_PORT_MIN + (h.finish() % span) as u16;
             if TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return port;
             }
