@@ -49,26 +49,8 @@ log() { echo "[backlog] $*" >&2; }
 die() { log "$*"; exit 1; }
 
 # --- scratch space and cleanup ----------------------------------------------------------------
-mkdir -p "$ROOT/target"
-WORK=$(mktemp -d "$ROOT/target/bench-backlog.XXXXXX")
-BROKER_PID=""
-SAMPLER_PID=""
-STOP_S=""
+SCRATCH_NAME=bench-backlog
 source "$ROOT/bench/broker_proc.sh"
-cleanup() {
-  local status=$?
-  if [ -n "$SAMPLER_PID" ]; then kill "$SAMPLER_PID" 2>/dev/null || true; wait "$SAMPLER_PID" 2>/dev/null || true; fi
-  if [ -n "$BROKER_PID" ]; then log "stopping broker (pid $BROKER_PID)"; stop_broker; fi
-  if [ "${KEEP_WORK:-0}" = 1 ] || [ $status -ne 0 ]; then
-    log "scratch kept in $WORK"
-  else
-    rm -rf "$WORK"
-  fi
-  exit $status
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 # --- checks -----------------------------------------------------------------------------------
 for v in N SIZE PRODUCERS RECEIPT_EVERY RECEIPT_WINDOW CONSUMERS PREFETCH DRAIN_TIMEOUT_S HAVEN_PORT; do
@@ -132,7 +114,7 @@ echo start >"$PHASE_FILE"
     sleep 1
   done
 ) >"$WORK/rss.tsv" &
-SAMPLER_PID=$!
+HELPER_PID=$!
 sampled_peak_kib() { awk -v p="$1" '$2 == p && $3 > m { m = $3 } END { print m + 0 }' "$WORK/rss.tsv"; }
 
 RUN_ID=$(( ($(date +%s%N) ^ ($$ << 40)) & 0x7fffffffffffffff ))
@@ -180,9 +162,9 @@ log "drain: ${drain_wall}s wall, broker peak RSS $(mib "$drain_hwm_kib") MiB, da
 
 echo stop >"$PHASE_FILE"
 stop_broker
-kill "$SAMPLER_PID" 2>/dev/null || true
-wait "$SAMPLER_PID" 2>/dev/null || true
-SAMPLER_PID=""
+kill "$HELPER_PID" 2>/dev/null || true
+wait "$HELPER_PID" 2>/dev/null || true
+HELPER_PID=""
 
 # --- summary ----------------------------------------------------------------------------------
 json() { # file key -> value ("" when missing or the line is not JSON)

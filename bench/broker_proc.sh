@@ -1,6 +1,9 @@
-# Shared by bench/backlog.sh and bench/startup.sh: stopping the one broker a script started.
-# Source it after defining `log`; it uses BROKER_PID (the broker's pid, "" when none runs),
-# STOP_TIMEOUT_S, and sets STOP_S.
+# Shared by bench/backlog.sh and bench/startup.sh: scratch space, and stopping the one broker
+# (and the one helper process) a script started. Source it after defining `log`, with ROOT and
+# STOP_TIMEOUT_S set and the scratch's name in SCRATCH_NAME. It sets WORK (the scratch
+# directory, under target/: the repo's file system, not tmpfs) and traps EXIT, INT and TERM.
+# BROKER_PID is the broker's pid and HELPER_PID a helper's ("" when none runs); stop_broker
+# sets STOP_S.
 
 # Whether process $1 runs: an exited child that is not reaped yet (a zombie) does not, though
 # kill -0 still finds it.
@@ -33,3 +36,23 @@ crash_broker() {
   wait "$BROKER_PID" 2>/dev/null || true
   BROKER_PID=""
 }
+
+mkdir -p "$ROOT/target"
+WORK=$(mktemp -d "$ROOT/target/$SCRATCH_NAME.XXXXXX")
+BROKER_PID=""
+HELPER_PID=""
+STOP_S=""
+cleanup() {
+  local status=$?
+  if [ -n "$HELPER_PID" ]; then kill "$HELPER_PID" 2>/dev/null || true; wait "$HELPER_PID" 2>/dev/null || true; fi
+  if [ -n "$BROKER_PID" ]; then log "stopping broker (pid $BROKER_PID)"; stop_broker; fi
+  if [ "${KEEP_WORK:-0}" = 1 ] || [ $status -ne 0 ]; then
+    log "scratch kept in $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  exit $status
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM

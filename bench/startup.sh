@@ -65,26 +65,8 @@ log() { echo "[startup] $*" >&2; }
 die() { log "$*"; exit 1; }
 
 # --- scratch space and cleanup ----------------------------------------------------------------
-mkdir -p "$ROOT/target"
-WORK=$(mktemp -d "$ROOT/target/bench-startup.XXXXXX")
-BROKER_PID=""
-WAITER_PID=""
-STOP_S=""
+SCRATCH_NAME=bench-startup
 source "$ROOT/bench/broker_proc.sh"
-cleanup() {
-  local status=$?
-  if [ -n "$WAITER_PID" ]; then kill "$WAITER_PID" 2>/dev/null || true; wait "$WAITER_PID" 2>/dev/null || true; fi
-  if [ -n "$BROKER_PID" ]; then log "stopping broker (pid $BROKER_PID)"; stop_broker; fi
-  if [ "${KEEP_WORK:-0}" = 1 ] || [ $status -ne 0 ]; then
-    log "scratch kept in $WORK"
-  else
-    rm -rf "$WORK"
-  fi
-  exit $status
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 # --- checks -----------------------------------------------------------------------------------
 for v in STARTS N SIZE RESTARTS PRODUCERS RECEIPT_EVERY RECEIPT_WINDOW DRAIN_TIMEOUT_S SETTLE_S \
@@ -126,19 +108,19 @@ timed_start() { # data_dir log_file
   port_free "$HAVEN_PORT" || die "port $HAVEN_PORT is busy before a start"
   "${PROBE[@]}" wait "$stamp" --port "$HAVEN_PORT" --ready "$ready" --timeout-s "$READY_TIMEOUT_S" \
     >"$out" &
-  WAITER_PID=$!
+  HELPER_PID=$!
   # The waiter polls from the moment the ready file exists; its Python start-up is not timed.
   for _ in $(seq 1000); do
     [ -e "$ready" ] && break
-    running "$WAITER_PID" || break
+    running "$HELPER_PID" || break
     sleep 0.01
   done
   [ -e "$ready" ] || die "the timing helper did not start"
   "${PROBE[@]}" exec "$stamp" -- "$HAVEN_BIN" run --data "$1" --stomp "127.0.0.1:$HAVEN_PORT" \
     >>"$2" 2>&1 &
   BROKER_PID=$!
-  wait "$WAITER_PID" || status=$?
-  WAITER_PID=""
+  wait "$HELPER_PID" || status=$?
+  HELPER_PID=""
   if [ $status -ne 0 ]; then
     tail -5 "$2" >&2
     die "the broker did not become ready (helper exit $status)"
@@ -198,26 +180,26 @@ if [ "$N" -gt 0 ]; then
   log "fill: ${fill_wall}s"
   sleep "$SETTLE_S"
 
-  for r in $(seq "$RESTARTS"); do
-    crash_broker
+  # A timed start on the journal after the broker was stopped; appends the time to CONNECTED
+  # to the array named $1 and the broker's own recovery time to the one named $2.
+  timed_restart() { # ready-array own-array what
+    local -n ready_out=$1 own_out=$2
     drop_caches
     timed_start "$DATA" "$LOGF"
     read -r ready listen attempts <<<"$TIMED"
-    kill_ready+=("$ready"); kill_own+=("$(recovered_field "$LOGF" ms)")
+    ready_out+=("$ready"); own_out+=("$(recovered_field "$LOGF" ms)")
     recovered_msgs+=("$(recovered_field "$LOGF" messages)")
-    log "after kill -9 ($r): ready in $ready ms (listening at $listen ms)"
+    log "after $3: ready in $ready ms (listening at $listen ms)"
     sleep "$SETTLE_S"
+  }
+  for r in $(seq "$RESTARTS"); do
+    crash_broker
+    timed_restart kill_ready kill_own "kill -9 ($r)"
   done
   for r in $(seq "$RESTARTS"); do
     stop_broker
     term_stop+=("$(awk -v s="$STOP_S" 'BEGIN { printf "%.0f", s * 1000 }')")
-    drop_caches
-    timed_start "$DATA" "$LOGF"
-    read -r ready listen attempts <<<"$TIMED"
-    term_ready+=("$ready"); term_own+=("$(recovered_field "$LOGF" ms)")
-    recovered_msgs+=("$(recovered_field "$LOGF" messages)")
-    log "after SIGTERM ($r, stop took ${STOP_S}s): ready in $ready ms (listening at $listen ms)"
-    sleep "$SETTLE_S"
+    timed_restart term_ready term_own "SIGTERM ($r, stop took ${STOP_S}s)"
   done
 
   log "drain: checking that all $N messages survived exactly once"
