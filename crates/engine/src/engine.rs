@@ -900,6 +900,7 @@ impl Engine {
             priority: 0,
             expires_ms: 0,
             timestamp_ms: self.now_ms,
+            dead_lettered: false,
         });
         let tag = c.next_tag;
         c.next_tag += 1;
@@ -1130,6 +1131,7 @@ impl Engine {
             priority: m.priority.min(9),
             expires_ms: m.expires_ms,
             timestamp_ms: self.now_ms,
+            dead_lettered: false,
         })
     }
 
@@ -1636,23 +1638,28 @@ impl Engine {
             // A non-durable topic subscription's copy whose durable copy is paged out.
             self.unpage(&entry.msg);
         }
-        let msg = if expired {
-            // Dead-lettered because it expired: in the DLQ it no longer expires, or it would
-            // vanish from there unread.
-            Arc::new(Message {
-                expires_ms: 0,
-                ..(*entry.msg).clone()
-            })
-        } else {
-            entry.msg.clone()
-        };
+        // The message as last logged: a holder keeps the copy it got when the message arrived,
+        // and only the newest record (kept in `stored`) says whether it was dead-lettered.
+        let newest = self
+            .stored
+            .get(&entry.msg.seq)
+            .map_or_else(|| entry.msg.clone(), |s| s.msg.clone());
         let to = self.queue_for(dlq.clone());
-        if self.queue(to).contains(&msg) {
+        if newest.dead_lettered || self.queue(to).contains(&entry.msg) {
             // Already dead-lettered through another holder (a topic message that failed on two
-            // durable subscriptions): this holder just lets go of it. One DLQ copy.
+            // subscriptions), even if that copy was consumed from the DLQ since: this holder
+            // just lets go of it. One DLQ copy per message.
+            let msg = entry.msg.clone();
             self.removed(from, &msg);
             return;
         }
+        let msg = Arc::new(Message {
+            // Dead-lettered because it expired: in the DLQ it no longer expires, or it would
+            // vanish from there unread.
+            expires_ms: if expired { 0 } else { newest.expires_ms },
+            dead_lettered: true,
+            ..(*newest).clone()
+        });
         let from_key = self.queue(from).key.clone();
         self.enqueue(
             to,

@@ -23,6 +23,12 @@ pub struct Message {
     pub expires_ms: u64,
     /// Milliseconds since the Unix epoch when the broker accepted it.
     pub timestamp_ms: u64,
+    /// Already moved to a dead-letter queue once. A topic message has one copy per
+    /// subscription; when another copy fails too, it is dropped instead of dead-lettered
+    /// again, so the DLQ holds a message at most once for as long as any copy lives, even
+    /// after the DLQ copy was consumed. Logged (`Store` tag 16, the spill flag byte), so it
+    /// outlives paging, compaction and restarts.
+    pub dead_lettered: bool,
 }
 
 impl Message {
@@ -97,6 +103,7 @@ mod tests {
             priority: 4,
             expires_ms: 0,
             timestamp_ms: 0,
+            dead_lettered: false,
         }
     }
 

@@ -125,6 +125,13 @@ const TAG_STORE_PRODUCED: u8 = 12;
 const TAG_COMMIT_PRODUCED: u8 = 13;
 const TAG_PRODUCER_STATE: u8 = 14;
 const TAG_SCHEDULE_PRODUCED: u8 = 15;
+/// A `Store` whose message was dead-lettered (`Message::dead_lettered`); never has a producer.
+const TAG_STORE_DEAD_LETTERED: u8 = 16;
+
+/// The flag byte in front of a message that may be non-persistent: bit 0 persistent, bit 1
+/// dead-lettered (bit 1 is newer; records without it read as before).
+const FLAG_PERSISTENT: u8 = 1;
+const FLAG_DEAD_LETTERED: u8 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("undecodable log record at byte {offset}: {reason}")]
@@ -141,10 +148,11 @@ impl Record {
                 holders,
                 producer,
             } => {
-                out.push(if producer.is_some() {
-                    TAG_STORE_PRODUCED
-                } else {
-                    TAG_STORE
+                out.push(match (producer, message.dead_lettered) {
+                    (Some(_), false) => TAG_STORE_PRODUCED,
+                    (None, false) => TAG_STORE,
+                    (None, true) => TAG_STORE_DEAD_LETTERED,
+                    (Some(_), true) => unreachable!("a SEND's own record is not a DLQ move"),
                 });
                 put_message(out, message);
                 put_holders(out, holders);
@@ -173,6 +181,8 @@ impl Record {
                 });
                 put_u32(out, stores.len() as u32);
                 for (m, h) in stores {
+                    // A transaction stores what it sends; moves to the DLQ are never part of one.
+                    assert!(!m.dead_lettered, "dead-lettered message in a commit");
                     put_message(out, m);
                     put_holders(out, h);
                 }
@@ -306,8 +316,11 @@ impl Record {
     pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
         let mut r = Reader { bytes, pos: 0 };
         let record = match r.u8()? {
-            tag @ (TAG_STORE | TAG_STORE_PRODUCED) => {
-                let message = Arc::new(r.message()?);
+            tag @ (TAG_STORE | TAG_STORE_PRODUCED | TAG_STORE_DEAD_LETTERED) => {
+                let message = Arc::new(Message {
+                    dead_lettered: tag == TAG_STORE_DEAD_LETTERED,
+                    ..r.message()?
+                });
                 let holders = r.holders()?;
                 let producer = match tag {
                     TAG_STORE_PRODUCED => Some(r.mark()?),
@@ -466,7 +479,14 @@ fn put_message(out: &mut Vec<u8>, m: &Message) {
 
 /// A message that may be non-persistent (spilled, scheduled, a scheduled copy): flag first.
 fn put_any_message(out: &mut Vec<u8>, m: &Message) {
-    out.push(u8::from(m.persistent));
+    let mut flags = 0;
+    if m.persistent {
+        flags |= FLAG_PERSISTENT;
+    }
+    if m.dead_lettered {
+        flags |= FLAG_DEAD_LETTERED;
+    }
+    out.push(flags);
     put_message_fields(out, m);
 }
 
@@ -579,13 +599,13 @@ impl<'a> Reader<'a> {
         (0..n).map(|_| self.queue()).collect()
     }
     fn any_message(&mut self) -> Result<Message, RecordError> {
-        let persistent = match self.u8()? {
-            0 => false,
-            1 => true,
-            _ => return Err(self.err("bad persistent flag")),
-        };
+        let flags = self.u8()?;
+        if flags & !(FLAG_PERSISTENT | FLAG_DEAD_LETTERED) != 0 {
+            return Err(self.err("bad message flags"));
+        }
         Ok(Message {
-            persistent,
+            persistent: flags & FLAG_PERSISTENT != 0,
+            dead_lettered: flags & FLAG_DEAD_LETTERED != 0,
             ..self.message()?
         })
     }
@@ -619,6 +639,7 @@ impl<'a> Reader<'a> {
             priority,
             expires_ms: self.u64()?,
             timestamp_ms: self.u64()?,
+            dead_lettered: false,
         })
     }
 }
@@ -639,6 +660,7 @@ mod tests {
             priority: (seq % 10) as u8,
             expires_ms: seq.wrapping_mul(3),
             timestamp_ms: seq.wrapping_mul(7),
+            dead_lettered: false,
         })
     }
 
@@ -647,11 +669,15 @@ mod tests {
         fn every_record_round_trips(seq in any::<u64>(), body in proptest::collection::vec(any::<u8>(), 0..300),
                                     hk in "[a-z]{0,8}", hv in "\\PC{0,16}", seqs in proptest::collection::vec(any::<u64>(), 0..20)) {
             let m = msg(seq, body, vec![(hk.clone(), hv.clone())]);
+            let dead = Arc::new(Message { dead_lettered: true, ..(*m).clone() });
             let holders = vec![QueueKey::Queue("a".into()), QueueKey::Durable { client_id: hk.clone(), name: hv.clone() }];
             let mark = ProducerMark { producer: format!("p{hv}"), seq: seq.max(1), seen_ms: seq };
             let records = vec![
                 Record::Store { message: m.clone(), holders: holders.clone(), producer: None },
                 Record::Store { message: m.clone(), holders: holders.clone(), producer: Some(mark.clone()) },
+                Record::Store { message: dead.clone(), holders: holders.clone(), producer: None },
+                Record::Spill { message: dead.clone() },
+                Record::Spill { message: Arc::new(Message { persistent: false, ..(*dead).clone() }) },
                 Record::Remove { queue: QueueKey::Queue(hv.clone()), seqs: seqs.clone() },
                 Record::Commit { stores: vec![(m.clone(), holders.clone())], removes: seqs.iter().map(|s| (QueueKey::Queue("a".into()), *s)).collect(), schedules: Vec::new(), producer: None },
                 Record::Commit { stores: vec![(m.clone(), holders.clone())], removes: Vec::new(), schedules: vec![(m.clone(), ScheduleState { due_ms: 9, repeats_left: 2, anchor_ms: 0 })], producer: None },

@@ -229,6 +229,7 @@ impl Engine {
             priority: message.priority.min(9),
             expires_ms: message.expires_ms,
             timestamp_ms: self.now_ms,
+            dead_lettered: false,
         });
         (msg, state)
     }

@@ -1225,10 +1225,13 @@ impl Model {
             "{body} delivered after it expired"
         );
         let key = (sub.ident.clone(), body.clone());
-        // A topic message has one copy per subscription; each copy that fails puts the message
-        // into the DLQ again (once at a time), so the DLQ may legitimately deliver it again.
+        // A topic message has one copy per subscription, and the DLQ takes it once. Only a
+        // non-persistent copy may come again: what marks it dead-lettered is the DLQ's copy
+        // (logged for a persistent message), and another subscription's copy of it predates
+        // that mark.
         let refailed_copy = matches!(sub.target, Target::Queue(DLQ))
-            && matches!(m.destination, Destination::Topic(_));
+            && matches!(m.destination, Destination::Topic(_))
+            && !m.persistent;
         assert!(
             refailed_copy || !self.consumed.contains(&key),
             "{body} delivered again from {:?} after it was acknowledged",
@@ -1699,14 +1702,13 @@ fn paging_a_nacked_topic_copy_replays_as_the_running_engine_has_it() {
     run_with(&ops, Some(PAGING_MEMORY_BYTES_MAX));
 }
 
-/// Known defect (found 2026-12-01 by this model with a fresh seed; not fixed yet): a message
-/// held by two durable subscriptions is dead-lettered once, and that copy is consumed from
-/// `ActiveMQ.DLQ`; when the other subscription then fails the same message, the engine puts
-/// it in the DLQ again (`Engine::dead_letter` deduplicates only while the first copy is still
-/// there), where the model has it dead-lettered once and gone. See RELIABILITY.md, "Known
-/// defects".
+/// Found 2026-12-01 by this model with a fresh seed: a message held by two durable
+/// subscriptions is dead-lettered once, and that copy is consumed from `ActiveMQ.DLQ`; when
+/// the other subscription then failed the same message, the engine put it in the DLQ again
+/// (`Engine::dead_letter` deduplicated only while the first copy was still there), where the
+/// model has it dead-lettered once and gone. Fixed by `Message::dead_lettered`, logged with
+/// the move.
 #[test]
-#[ignore = "known defect: a second DLQ copy after the first was consumed (RELIABILITY.md)"]
 fn a_message_failed_by_two_durable_subscribers_reaches_the_dlq_once_even_after_it_was_read() {
     let ops = vec![
         Op::Subscribe {
@@ -1866,4 +1868,47 @@ fn a_message_failed_by_two_durable_subscribers_reaches_the_dlq_once_even_after_i
         },
     ];
     run(&ops);
+}
+
+/// The mark that a topic message was dead-lettered outlives its DLQ copy across compaction
+/// (which re-logs the message for the subscription still holding it) and restarts: when that
+/// subscription fails it too, the DLQ does not get it a second time. Without the mark in the
+/// re-logged record, the recovered engine would dead-letter it again.
+#[test]
+fn the_dead_letter_mark_survives_compaction_and_restart() {
+    let mut h = Harness::new(EngineConfig {
+        redeliveries_max: 0,
+        ..EngineConfig::default()
+    });
+    let dlq = QueueKey::Queue("ActiveMQ.DLQ".into());
+    h.connect(1, Some("a"));
+    h.connect(2, Some("b"));
+    h.ok(durable_sub(1, "t", "d"));
+    h.ok(durable_sub(2, "t", "d"));
+    h.close(2); // b's copy will wait on its subscription, marked by nothing but the log
+    let d = deliveries(&h.send(1, "/topic/t", "poison", true));
+    assert_eq!(d.len(), 1);
+    h.nack(1, d[0].1.ack_tag);
+    h.connect(3, None);
+    let from_dlq = deliveries(&h.subscribe(3, "s", "/queue/ActiveMQ.DLQ", AckMode::Client, 10));
+    assert_eq!(from_dlq.len(), 1, "one DLQ copy");
+    assert_eq!(from_dlq[0].1.message.id, d[0].1.message.id);
+    h.ack(3, from_dlq[0].1.ack_tag);
+    assert!(!h.engine.durable_contents().contains_key(&dlq));
+    // Compaction re-logs the message for b alone; the records that moved it may go.
+    let limit = h.next_lsn;
+    assert!(h.relocate(limit, 100) > 0);
+    h.checkpoint_and_truncate();
+    h.crash_and_recover();
+    h.connect(2, Some("b"));
+    let again = deliveries(&h.ok(durable_sub(2, "t", "d")));
+    assert_eq!(again.len(), 1, "b still holds its copy");
+    h.nack(2, again[0].1.ack_tag);
+    let contents = h.engine.durable_contents();
+    assert!(
+        contents.values().all(|seqs| seqs.is_empty()),
+        "failed by b after its DLQ copy was read: dropped, not dead-lettered again: {contents:?}"
+    );
+    h.crash_and_recover();
+    assert_eq!(h.engine.durable_contents(), contents);
 }

@@ -81,6 +81,7 @@ fn message(seq: u64) -> Arc<Message> {
         priority: 4,
         expires_ms: 0,
         timestamp_ms: 1,
+        dead_lettered: false,
     })
 }
 

@@ -79,6 +79,7 @@ mod tests {
             priority: 7,
             expires_ms: 0,
             timestamp_ms: 1_700_000_000_000,
+            dead_lettered: false,
         }
     }
 

@@ -245,6 +245,7 @@ mod tests {
             priority: 7,
             expires_ms: 123,
             timestamp_ms: 5,
+            dead_lettered: false,
         };
         let d = Delivered::Local(Delivery {
             sub_id: "net-1".into(),

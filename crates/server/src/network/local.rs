@@ -541,6 +541,7 @@ mod tests {
                 priority: 4,
                 expires_ms: 0,
                 timestamp_ms: 0,
+                dead_lettered: false,
             }),
             redelivered: false,
             delivery_count: 1,
