@@ -50,8 +50,15 @@ impl Shared {
     }
 }
 
-/// Bytes buffered for the socket beyond which the writer flushes mid-batch.
-const WRITE_BUFFER_FLUSH_BYTES: usize = 256 * 1024;
+/// Bytes buffered for the socket beyond which the writer flushes mid-batch. Each consumer's
+/// buffer grows to about twice this, and a hundred consumers keep a hundred of them: at
+/// 256 KiB they held 50 MiB in scenario (g) of BENCHMARKS.md; 64 KiB is still a few thousand
+/// writes per second at full speed.
+const WRITE_BUFFER_FLUSH_BYTES: usize = 64 * 1024;
+
+/// A write buffer that grew past this (a large message, a burst) is given back once empty,
+/// so that an idle connection keeps little.
+const WRITE_BUFFER_KEEP_BYTES: usize = 2 * WRITE_BUFFER_FLUSH_BYTES;
 
 /// Outbound frames written per wake-up before flushing.
 const WRITES_PER_FLUSH_MAX: usize = 256;
@@ -403,6 +410,10 @@ async fn run(
                     // Not known to be written: no acknowledgement; closing redelivers them.
                     credit.clear();
                     done = true;
+                }
+                let buf = writer.write_buffer_mut();
+                if buf.is_empty() && buf.capacity() > WRITE_BUFFER_KEEP_BYTES {
+                    *buf = bytes::BytesMut::new();
                 }
                 last_write = Instant::now();
                 for (sub_id, up_to_tag) in credit.drain(..) {
