@@ -57,6 +57,10 @@ pub struct EngineConfig {
     pub prefetch_default: u32,
     /// Upper bound on `activemq.prefetchSize`.
     pub prefetch_max: u32,
+    /// Bytes of messages (`Message::size_bytes`) one subscription may have in flight, besides
+    /// its prefetch count: a subscription at or over it gets no more until some are
+    /// acknowledged (or, for `auto`, written). One message always goes, however large.
+    pub prefetch_bytes_max: u64,
     /// SENDs plus ACKs one transaction may hold.
     pub transaction_ops_max: usize,
     /// Body and header bytes one transaction's SENDs may hold: its commit is one log record.
@@ -106,6 +110,7 @@ impl Default for EngineConfig {
             redelivery_policies: Vec::new(),
             prefetch_default: 1000,
             prefetch_max: 65_536,
+            prefetch_bytes_max: 64 << 20,
             transaction_ops_max: 100_000,
             transaction_bytes_max: 16 * 1024 * 1024,
             transactions_per_connection_max: 1_000,

@@ -105,6 +105,8 @@ struct Sub {
     prefetch: u32,
     /// Dispatched and not yet acknowledged (for auto-ack: not yet written to the socket).
     inflight: u32,
+    /// The `size_bytes` of those deliveries, for `prefetch_bytes_max`.
+    inflight_bytes: u64,
     /// Unacknowledged deliveries in order: tag → message seq (not used for auto-ack).
     tags: BTreeMap<u64, u64>,
     /// seq → tag, for STOMP 1.0/1.1 ACKs that name a message-id.
@@ -818,6 +820,7 @@ impl Engine {
             ack,
             prefetch,
             inflight: 0,
+            inflight_bytes: 0,
             tags: BTreeMap::new(),
             seq_tags: HashMap::default(),
             durable,
@@ -925,6 +928,7 @@ impl Engine {
             ack: AckMode::Auto,
             prefetch,
             inflight: 0,
+            inflight_bytes: 0,
             tags: BTreeMap::new(),
             seq_tags: HashMap::default(),
             durable: None,
@@ -1487,6 +1491,12 @@ impl Engine {
             .expect("tag tracked by its subscription");
         sub.seq_tags.remove(&seq);
         sub.inflight -= 1;
+        let queue = self.queues[q].as_ref().expect("live queue");
+        let bytes = queue.inflight[&seq].entry.msg.size_bytes() as u64;
+        sub.inflight_bytes = sub
+            .inflight_bytes
+            .checked_sub(bytes)
+            .expect("in-flight bytes count every delivery");
         // Credit freed: every queue of the subscription may dispatch again.
         self.to_dispatch.extend(sub.queues.iter().copied());
         for tx in c.txs.values_mut() {
@@ -1820,6 +1830,10 @@ impl Engine {
             &self.conns[conn].subs[sub_id]
         };
         let has_local = queue.has_local_consumer();
+        let window_bytes = self.cfg.prefetch_bytes_max;
+        let has_room = |s: &Sub| {
+            s.inflight < s.prefetch && (s.inflight == 0 || s.inflight_bytes < window_bytes)
+        };
         let takes = |s: &Sub| {
             let Some(m) = msg else {
                 return true;
@@ -1840,17 +1854,17 @@ impl Engine {
                 .position(|c| c == owner)
                 .expect("group owners are consumers");
             let s = sub(i);
-            return (s.inflight < s.prefetch && takes(s)).then_some(i);
+            return (has_room(s) && takes(s)).then_some(i);
         }
         if let Some(i) = (0..n).find(|&i| sub(i).exclusive) {
             let s = sub(i);
-            return (s.inflight < s.prefetch && takes(s)).then_some(i);
+            return (has_room(s) && takes(s)).then_some(i);
         }
         let mut best: Option<(i16, usize)> = None;
         for i in (0..n).map(|k| (queue.next_consumer + k) % n) {
             let s = sub(i);
             let priority = s.effective_priority();
-            if s.inflight < s.prefetch && best.is_none_or(|(p, _)| priority > p) && takes(s) {
+            if has_room(s) && best.is_none_or(|(p, _)| priority > p) && takes(s) {
                 best = Some((priority, i));
             }
         }
@@ -1931,6 +1945,7 @@ impl Engine {
         c.next_tag += 1;
         let sub = c.subs.get_mut(sub_id).expect("consumer's subscription");
         sub.inflight += 1;
+        sub.inflight_bytes += entry.msg.size_bytes() as u64;
         let auto_ack = sub.ack == AckMode::Auto;
         let delivery = Delivery {
             sub_id: sub_id.to_string(),
@@ -2678,6 +2693,15 @@ impl Engine {
                     assert_eq!((f.conn, f.tag), (*conn, *tag));
                 }
                 assert_eq!(sub.inflight as usize, sub.tags.len());
+                let bytes: u64 = sub
+                    .tags
+                    .iter()
+                    .map(|(tag, seq)| {
+                        let q = c.deliveries[tag].2;
+                        self.queue(q).inflight[seq].entry.msg.size_bytes() as u64
+                    })
+                    .sum();
+                assert_eq!(sub.inflight_bytes, bytes);
                 tags += sub.tags.len();
             }
             assert_eq!(tags, c.deliveries.len());

@@ -93,6 +93,9 @@ pub struct DeliveryConfig {
     pub dlq_prefix: String,
     pub prefetch_default: u32,
     pub prefetch_max: u32,
+    /// Bytes of unacknowledged messages per subscription, besides the prefetch count (like
+    /// Artemis's `consumerWindowSize`): large messages fill it before the count does.
+    pub prefetch_bytes_max: u64,
     pub topic_subscriber_pending_max: usize,
     /// Most messages a browsing subscription (`browser:true`) is sent.
     pub browse_messages_max: usize,
@@ -340,6 +343,7 @@ impl Default for DeliveryConfig {
             dlq_prefix: "DLQ.".into(),
             prefetch_default: 1_000,
             prefetch_max: 65_536,
+            prefetch_bytes_max: 64 << 20,
             topic_subscriber_pending_max: 100_000,
             browse_messages_max: 10_000,
         }
@@ -774,6 +778,9 @@ mod tests {
         assert_eq!(c.journal.dir, PathBuf::from("data"));
         assert!(c.broker.default_persistent);
         assert_eq!(c.delivery.redeliveries_max, 6);
+        assert_eq!(c.delivery.prefetch_bytes_max, 64 << 20);
+        let c = parse("[delivery]\nprefetch_bytes_max = 1048576\n").unwrap();
+        assert_eq!(c.delivery.prefetch_bytes_max, 1 << 20);
     }
 
     fn replicated(members: &str) -> Result<Config, String> {

@@ -371,12 +371,19 @@ async fn run(
                                     None => credit.push((d.sub_id.clone(), d.ack_tag)),
                                 }
                             }
-                            if writer.write_buffer().len() >= WRITE_BUFFER_FLUSH_BYTES
-                                && !within(wt, SinkExt::<Item>::flush(&mut writer)).await
-                            {
-                                credit.clear();
-                                done = true;
-                                break;
+                            if writer.write_buffer().len() >= WRITE_BUFFER_FLUSH_BYTES {
+                                if !within(wt, SinkExt::<Item>::flush(&mut writer)).await {
+                                    credit.clear();
+                                    done = true;
+                                    break;
+                                }
+                                // Written: credit now, not at the end of the batch, so that a
+                                // window full of large messages keeps flowing
+                                // (`delivery.prefetch_bytes_max`).
+                                if !send_credit(core, conn, &mut credit).await {
+                                    done = true;
+                                    break;
+                                }
                             }
                         }
                         Outbound::Receipt(id) => {
@@ -416,11 +423,8 @@ async fn run(
                     *buf = bytes::BytesMut::new();
                 }
                 last_write = Instant::now();
-                for (sub_id, up_to_tag) in credit.drain(..) {
-                    let credit = Command::Credit { conn, sub_id, up_to_tag };
-                    if core.send(CoreMsg::Command(credit)).await.is_err() {
-                        done = true;
-                    }
+                if !send_credit(core, conn, &mut credit).await {
+                    done = true;
                 }
                 if done { break; }
             }
@@ -926,6 +930,26 @@ fn m_has_trailing_cr(d: &Delivery) -> bool {
 }
 
 /// Writes one MESSAGE frame for `d` into `dst`.
+/// Reports auto-ack deliveries written (per subscription, up to a tag) to the core, which
+/// acknowledges them and frees their prefetch credit. False if the core is gone.
+async fn send_credit(
+    core: &mpsc::Sender<CoreMsg>,
+    conn: ConnId,
+    credit: &mut Vec<(String, u64)>,
+) -> bool {
+    for (sub_id, up_to_tag) in credit.drain(..) {
+        let credit = Command::Credit {
+            conn,
+            sub_id,
+            up_to_tag,
+        };
+        if core.send(CoreMsg::Command(credit)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 fn encode_message(
     encoder: &StompCodec,
     d: &Delivery,

@@ -118,6 +118,7 @@ fn engine_config(c: &Config, boot_id: u64, record_bytes_max: usize) -> EngineCon
             .collect(),
         prefetch_default: d.prefetch_default,
         prefetch_max: d.prefetch_max,
+        prefetch_bytes_max: d.prefetch_bytes_max,
         transaction_ops_max: c.limits.transaction_ops_max,
         // A commit is one record: it must fit in a journal record.
         transaction_bytes_max: record_bytes_max.saturating_sub(64 * 1024).max(1024),
