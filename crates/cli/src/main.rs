@@ -16,7 +16,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
 use haven_server::{run_shared, Config, HaMode, Role, Server, SharedFsStore, SharedStore};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -79,38 +79,50 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = |workers: Option<usize>| {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = workers {
+            builder.worker_threads(n);
+        }
+        builder.enable_all().build().expect("tokio runtime")
+    };
     match cli.command {
         Cmd::Run {
             config,
             stomp,
             data,
-        } => runtime.block_on(run(config, stomp, data)),
-        Cmd::Bench(args) => match runtime.block_on(bench::run(*args)) {
+        } => {
+            // The configuration first: it says how many threads the runtime gets.
+            let (cfg, started_text) = match load_run_config(config.as_deref(), stomp, data) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let workers = cfg.broker.worker_threads_effective(cores);
+            runtime(Some(workers)).block_on(run(cfg, config, started_text))
+        }
+        Cmd::Bench(args) => match runtime(None).block_on(bench::run(*args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("haven bench: {e}");
                 ExitCode::FAILURE
             }
         },
-        Cmd::Send(args) => match runtime.block_on(send::run(*args)) {
+        Cmd::Send(args) => match runtime(None).block_on(send::run(*args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("haven send: {e}");
                 e.exit_code()
             }
         },
-        Cmd::Admin(args) => match runtime.block_on(admin::run(args)) {
+        Cmd::Admin(args) => match runtime(None).block_on(admin::run(args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("haven admin: {e}");
                 ExitCode::FAILURE
             }
         },
-        Cmd::Receive(args) => match runtime.block_on(receive::run(*args)) {
+        Cmd::Receive(args) => match runtime(None).block_on(receive::run(*args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("haven receive: {e}");
@@ -161,21 +173,33 @@ fn shorten_allocator_purge_delay() {
     unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS) };
 }
 
-async fn run(
-    config: Option<PathBuf>,
+/// `haven run`'s configuration: the file (or the defaults) with the command line's
+/// overrides, and the file's text (what SIGHUP compares against).
+fn load_run_config(
+    config: Option<&Path>,
     stomp: Option<SocketAddr>,
     data: Option<PathBuf>,
-) -> ExitCode {
-    let (mut cfg, started_text) = match &config {
+) -> Result<(Config, Option<String>), ExitCode> {
+    let (mut cfg, started_text) = match config {
         Some(path) => match reload::load(path) {
             Ok((c, text)) => (c, Some(text)),
             Err(e) => {
                 eprintln!("haven: {e}");
-                return ExitCode::from(2);
+                return Err(ExitCode::from(2));
             }
         },
         None => (Config::default(), None),
     };
+    if let Some(addr) = stomp {
+        cfg.stomp.listen = addr;
+    }
+    if let Some(dir) = data {
+        cfg.journal.dir = dir;
+    }
+    Ok((cfg, started_text))
+}
+
+async fn run(cfg: Config, config: Option<PathBuf>, started_text: Option<String>) -> ExitCode {
     // SIGHUP re-reads the config file's [cluster]. Installed before the broker listens, so a
     // SIGHUP sent once clients can connect is never lost (or fatal: its default action).
     // Without a config file there is nothing to re-read and SIGHUP keeps its default.
@@ -186,12 +210,6 @@ async fn run(
         }
         None => None,
     };
-    if let Some(addr) = stomp {
-        cfg.stomp.listen = addr;
-    }
-    if let Some(dir) = data {
-        cfg.journal.dir = dir;
-    }
     if cfg.ha.mode != HaMode::Standalone {
         return run_shared_store(cfg).await;
     }

@@ -221,6 +221,9 @@ impl Journal {
                 self.buf.clear();
             }
         }
+        self.shared
+            .pending
+            .store(true, std::sync::atomic::Ordering::Release);
         self.shared.wake.notify_one();
     }
 
@@ -286,6 +289,9 @@ impl Journal {
         }
         let n = paths.len();
         self.shared.queue.lock().unwrap().deletes.extend(paths);
+        self.shared
+            .pending
+            .store(true, std::sync::atomic::Ordering::Release);
         self.shared.wake.notify_one();
         n
     }
@@ -309,6 +315,9 @@ impl Journal {
             return Ok(());
         };
         self.shared.queue.lock().unwrap().closing = true;
+        self.shared
+            .pending
+            .store(true, std::sync::atomic::Ordering::Release);
         self.shared.wake.notify_one();
         handle.join().map_err(|_| JournalError::WriterPanicked)
     }

@@ -24,8 +24,9 @@
 //! renames or deletes them.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tracing::{error, info};
@@ -46,6 +47,13 @@ const RECYCLED_SEGMENTS_MAX: usize = 2;
 /// buffers to 32 MiB each, and a `Vec` keeps its size.
 const BATCH_CAPACITY_KEEP_BYTES: usize = 8 << 20;
 
+/// After each batch the writer polls this long for the next one before it sleeps on the
+/// condition variable. Waking a sleeping thread took 36 µs on average on the benchmark VM
+/// (`perf sched`), a third of a disk sync, and a producer that waits for each RECEIPT pays it
+/// on every message. Polling yields the CPU between looks, so a runnable thread on this CPU
+/// loses little; an idle broker polls once, after its last batch.
+const IDLE_POLL: Duration = Duration::from_micros(200);
+
 pub(crate) type DurableSender = watch::Sender<Result<Lsn, JournalFailure>>;
 
 #[derive(Default)]
@@ -62,6 +70,9 @@ pub(crate) struct Queue {
 pub(crate) struct Shared {
     pub queue: Mutex<Queue>,
     pub wake: Condvar,
+    /// Set with every hand-over to `queue` (records, deletions, closing), cleared by the
+    /// writer when it takes them: what `IDLE_POLL` looks at without the lock.
+    pub pending: AtomicBool,
     pub segments: Mutex<Vec<SegmentInfo>>,
     /// Record batches written + fdatasync'ed (for `Journal::stats`).
     pub batches: AtomicU64,
@@ -109,8 +120,10 @@ fn failure(op: &'static str, path: &Path, e: std::io::Error) -> Failure {
 impl Writer {
     pub fn run(mut self) {
         loop {
+            self.poll_for_work();
             let (deletes, closing) = {
                 let mut q = self.shared.queue.lock().unwrap();
+                self.shared.pending.store(false, Ordering::Release);
                 while q.buf.is_empty()
                     && q.deletes.is_empty()
                     && !q.closing
@@ -153,6 +166,14 @@ impl Writer {
                     self.fail(f);
                 }
             }
+        }
+    }
+
+    /// Returns when work was handed over, or after `IDLE_POLL`.
+    fn poll_for_work(&self) {
+        let start = Instant::now();
+        while !self.shared.pending.load(Ordering::Acquire) && start.elapsed() < IDLE_POLL {
+            std::thread::yield_now();
         }
     }
 

@@ -29,6 +29,26 @@ pub struct BrokerConfig {
     /// A SEND without a `persistent` header is persistent. ActiveMQ's default is the opposite;
     /// set false for applications that rely on it.
     pub default_persistent: bool,
+    /// Threads that run connections (parsing, encoding, socket I/O) and the broker's core;
+    /// 0 = one fewer than the machine's cores, at least 1 (see `worker_threads_effective`).
+    pub worker_threads: usize,
+}
+
+/// Most worker threads `broker.worker_threads` may ask for.
+pub const WORKER_THREADS_MAX: usize = 1024;
+
+impl BrokerConfig {
+    /// The worker threads to start for `broker.worker_threads` on a machine with `cores`.
+    /// The core (the engine) is one task and the journal writer has its own thread, so
+    /// workers beyond it buy parallel parsing and encoding at the price of wake-ups between
+    /// threads; leaving a core to the writer measured best (docs/PERFORMANCE.md, "Worker
+    /// threads").
+    pub fn worker_threads_effective(&self, cores: usize) -> usize {
+        match self.worker_threads {
+            0 => cores.saturating_sub(1).max(1),
+            n => n,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -297,6 +317,7 @@ impl Default for BrokerConfig {
         BrokerConfig {
             name: "haven".into(),
             default_persistent: true,
+            worker_threads: 0,
         }
     }
 }
@@ -484,6 +505,15 @@ impl Config {
                 reason,
             })
         };
+        if self.broker.worker_threads > WORKER_THREADS_MAX {
+            return invalid(
+                "broker.worker_threads",
+                format!(
+                    "{} is above the maximum of {WORKER_THREADS_MAX}",
+                    self.broker.worker_threads
+                ),
+            );
+        }
         let s = &self.stomp;
         if s.connections_max == 0 {
             return invalid("stomp.connections_max", "must be at least 1".into());
@@ -779,6 +809,16 @@ mod tests {
         assert!(c.broker.default_persistent);
         assert_eq!(c.delivery.redeliveries_max, 6);
         assert_eq!(c.delivery.prefetch_bytes_max, 64 << 20);
+        assert_eq!(c.broker.worker_threads, 0);
+        assert_eq!(c.broker.worker_threads_effective(2), 1);
+        assert_eq!(c.broker.worker_threads_effective(1), 1);
+        assert_eq!(c.broker.worker_threads_effective(8), 7);
+        let c = parse("[broker]\nworker_threads = 3\n").unwrap();
+        assert_eq!(c.broker.worker_threads_effective(2), 3);
+        let e = parse("[broker]\nworker_threads = 5000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("broker.worker_threads"), "{e}");
         let c = parse("[delivery]\nprefetch_bytes_max = 1048576\n").unwrap();
         assert_eq!(c.delivery.prefetch_bytes_max, 1 << 20);
     }
