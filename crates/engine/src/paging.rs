@@ -37,6 +37,11 @@ const MEMORY_HARD_FACTOR: u64 = 2;
 /// queue's budget). The read-ahead holds them decoded outside the budget until consumed.
 const PREFETCH_HINT_BYTES_MAX: u64 = 16 << 20;
 
+/// Bytes of messages one page-in brings the in-memory window up to at most (and never more
+/// than the queue's budget): with large messages the count bounds above allow the whole
+/// budget, which a consumer working through the window does not need.
+const PAGE_IN_WINDOW_BYTES_MAX: u64 = 16 << 20;
+
 /// Tail entries one call looks at when moving durable ones out of memory.
 const PAGE_OUT_SCAN_MAX: usize = 8_192;
 
@@ -225,10 +230,11 @@ impl Engine {
             return;
         }
         let budget = self.queue_memory_bytes_max(q);
+        let window_bytes = budget.min(PAGE_IN_WINDOW_BYTES_MAX);
         while self.fatal.is_none() {
             let queue = self.queue(q);
             if queue.ready_len() >= PAGE_IN_HIGH_MESSAGES
-                || (queue.ready_len() > 0 && queue.ready_bytes() >= budget)
+                || (queue.ready_len() > 0 && queue.ready_bytes() >= window_bytes)
             {
                 break;
             }
