@@ -98,7 +98,7 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let workers = cfg.broker.worker_threads_effective(cores);
+            let workers = cfg.worker_threads_effective(cores);
             runtime(Some(workers)).block_on(run(cfg, config, started_text))
         }
         Cmd::Bench(args) => match runtime(None).block_on(bench::run(*args)) {

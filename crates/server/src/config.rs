@@ -30,23 +30,25 @@ pub struct BrokerConfig {
     /// set false for applications that rely on it.
     pub default_persistent: bool,
     /// Threads that run connections (parsing, encoding, socket I/O) and the broker's core;
-    /// 0 = one fewer than the machine's cores, at least 1 (see `worker_threads_effective`).
+    /// 0 = automatic (see `Config::worker_threads_effective`).
     pub worker_threads: usize,
 }
 
 /// Most worker threads `broker.worker_threads` may ask for.
 pub const WORKER_THREADS_MAX: usize = 1024;
 
-impl BrokerConfig {
+impl Config {
     /// The worker threads to start for `broker.worker_threads` on a machine with `cores`.
     /// The core (the engine) is one task and the journal writer has its own thread, so
     /// workers beyond it buy parallel parsing and encoding at the price of wake-ups between
     /// threads; leaving a core to the writer measured best (docs/PERFORMANCE.md, "Worker
-    /// threads").
+    /// threads"). A replicated member also runs Raft's tasks (appends to and from its peers,
+    /// applying the log) beside the core: there one worker per core measured best.
     pub fn worker_threads_effective(&self, cores: usize) -> usize {
-        match self.worker_threads {
-            0 => cores.saturating_sub(1).max(1),
-            n => n,
+        match (self.broker.worker_threads, self.ha.mode) {
+            (0, HaMode::Replicated) => cores.max(1),
+            (0, _) => cores.saturating_sub(1).max(1),
+            (n, _) => n,
         }
     }
 }
@@ -810,11 +812,14 @@ mod tests {
         assert_eq!(c.delivery.redeliveries_max, 6);
         assert_eq!(c.delivery.prefetch_bytes_max, 64 << 20);
         assert_eq!(c.broker.worker_threads, 0);
-        assert_eq!(c.broker.worker_threads_effective(2), 1);
-        assert_eq!(c.broker.worker_threads_effective(1), 1);
-        assert_eq!(c.broker.worker_threads_effective(8), 7);
+        assert_eq!(c.worker_threads_effective(2), 1);
+        assert_eq!(c.worker_threads_effective(1), 1);
+        assert_eq!(c.worker_threads_effective(8), 7);
         let c = parse("[broker]\nworker_threads = 3\n").unwrap();
-        assert_eq!(c.broker.worker_threads_effective(2), 3);
+        assert_eq!(c.worker_threads_effective(2), 3);
+        let mut c = parse("").unwrap();
+        c.ha.mode = HaMode::Replicated;
+        assert_eq!(c.worker_threads_effective(2), 2);
         let e = parse("[broker]\nworker_threads = 5000\n")
             .unwrap_err()
             .to_string();
