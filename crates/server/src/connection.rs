@@ -929,7 +929,6 @@ fn m_has_trailing_cr(d: &Delivery) -> bool {
         .any(|(k, v)| k.ends_with('\r') || v.ends_with('\r'))
 }
 
-/// Writes one MESSAGE frame for `d` into `dst`.
 /// Reports auto-ack deliveries written (per subscription, up to a tag) to the core, which
 /// acknowledges them and frees their prefetch credit. False if the core is gone.
 async fn send_credit(
@@ -950,6 +949,7 @@ async fn send_credit(
     true
 }
 
+/// Writes one MESSAGE frame for `d` into `dst`.
 fn encode_message(
     encoder: &StompCodec,
     d: &Delivery,
