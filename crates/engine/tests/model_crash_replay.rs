@@ -271,6 +271,9 @@ struct ConnModel {
 
 struct Model {
     h: Harness,
+    /// Unacknowledged deliveries one subscription may hold at once, from
+    /// `prefetch_bytes_max` (a window of 1 byte lets one message through at a time).
+    window_messages_max: usize,
     slots: [Option<ConnModel>; 4],
     /// Id each slot last connected with; commands on a closed slot use it and are refused.
     stale: [ConnId; 4],
@@ -312,9 +315,14 @@ fn dlq_key() -> QueueKey {
 impl Model {
     /// `memory_bytes_max`: Some = the engine pages waiting messages out beyond it.
     fn new(memory_bytes_max: Option<u64>) -> Model {
+        Model::with_window(memory_bytes_max, EngineConfig::default().prefetch_bytes_max)
+    }
+
+    fn with_window(memory_bytes_max: Option<u64>, prefetch_bytes_max: u64) -> Model {
         let cfg = EngineConfig {
             redeliveries_max: REDELIVERIES_MAX,
             memory_bytes_max: memory_bytes_max.unwrap_or(u64::MAX),
+            prefetch_bytes_max,
             ..EngineConfig::default()
         };
         let h = match memory_bytes_max {
@@ -323,6 +331,11 @@ impl Model {
         };
         Model {
             h,
+            window_messages_max: if prefetch_bytes_max == 1 {
+                1
+            } else {
+                usize::MAX
+            },
             slots: Default::default(),
             stale: [1_000, 1_001, 1_002, 1_003],
             next_conn: 1,
@@ -1301,6 +1314,11 @@ impl Model {
         c.outstanding.insert(d.ack_tag, o);
         let n = c.outstanding.values().filter(|o| o.sub == d.sub_id).count();
         assert!(n <= prefetch, "{n} unsettled > prefetch {prefetch}");
+        assert!(
+            n <= self.window_messages_max,
+            "{n} unsettled > the byte window's {}",
+            self.window_messages_max
+        );
     }
 
     /// Cross-checks the engine's durable and per-queue state against the model.
@@ -1487,7 +1505,10 @@ fn run(ops: &[Op]) {
 }
 
 fn run_with(ops: &[Op], memory_bytes_max: Option<u64>) {
-    let mut m = Model::new(memory_bytes_max);
+    run_model(Model::new(memory_bytes_max), ops);
+}
+
+fn run_model(mut m: Model, ops: &[Op]) {
     for op in ops {
         m.step(op);
         m.check();
@@ -1526,6 +1547,24 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..200)
     ) {
         run_with(&ops, Some(PAGING_MEMORY_BYTES_MAX));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        max_shrink_iters: 20_000,
+        ..ProptestConfig::default()
+    })]
+
+    /// The same model with `prefetch_bytes_max` of 1 byte: every subscription holds one
+    /// unacknowledged message at most, whatever its prefetch, and the window's byte count
+    /// survives NACKs, rollbacks, closes and crashes (the engine's invariant check sums it).
+    #[test]
+    fn a_one_message_byte_window_keeps_the_model(
+        ops in proptest::collection::vec(op(), 1..200)
+    ) {
+        run_model(Model::with_window(None, 1), &ops);
     }
 }
 
