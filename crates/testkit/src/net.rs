@@ -17,7 +17,29 @@ const TEST_PORT_TRIES_MAX: u32 = 64;
 /// which is also where every outgoing connection of every process gets its local port, and a
 /// test broker then lost its freed port to some client's connect (seen in the network tests
 /// under load). Below the range only another test's pick can collide, and the choice is random.
+/// Within one test process a port is handed out once: tests run on parallel threads, and two
+/// of them given the same port, each before its broker bound it, talked to each other's
+/// brokers (seen once in CI: replicated tests saw "two brokers serve the same store" and
+/// messages the other test had sent).
 pub fn free_port() -> u16 {
+    for _ in 0..ISSUE_TRIES_MAX {
+        let port = free_port_once();
+        let mut issued = ISSUED_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+        if issued.insert(port) {
+            return port;
+        }
+    }
+    panic!("no port left that this process has not handed out already");
+}
+
+/// Fresh picks `free_port` tries before it gives up on finding a port not handed out yet.
+const ISSUE_TRIES_MAX: u32 = 1_000;
+
+/// Every port `free_port` has handed out in this process.
+static ISSUED_PORTS: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn free_port_once() -> u16 {
     use std::hash::{BuildHasher, Hasher};
     let ephemeral_min = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
