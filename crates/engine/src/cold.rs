@@ -57,6 +57,11 @@ impl Entry {
 #[derive(Debug, Default)]
 struct Chunk {
     entries: Vec<Entry>,
+    /// Entries before this index are tombstones the front of the queue has passed. They stay
+    /// until the chunk empties: removing them at once would shift the whole chunk on every
+    /// message taken from the front (a 4096-entry memmove per message, 7% of a draining
+    /// broker's CPU when measured).
+    head: usize,
     /// Lowest and highest LSN among live entries, recomputed lazily (`stale`) after the entry
     /// holding one is removed or moved: a range that is too wide costs only a scan.
     lsn_min: Cell<u64>,
@@ -68,6 +73,7 @@ impl Chunk {
     fn new() -> Chunk {
         Chunk {
             entries: Vec::with_capacity(CHUNK_ENTRIES_MAX),
+            head: 0,
             lsn_min: Cell::new(u64::MAX),
             lsn_max: Cell::new(0),
             stale: Cell::new(false),
@@ -103,6 +109,17 @@ impl Chunk {
 
     fn first_seq(&self) -> u64 {
         self.entries[0].seq
+    }
+
+    /// Entries from the first one not yet passed.
+    fn current(&self) -> &[Entry] {
+        &self.entries[self.head..]
+    }
+
+    /// Drops the passed tombstones, so entries can be inserted anywhere.
+    fn compact(&mut self) {
+        self.entries.drain(..self.head);
+        self.head = 0;
     }
 }
 
@@ -190,6 +207,7 @@ impl ColdQueue {
         // Out of order (replay of a compacted message whose earlier record is gone).
         let c = self.chunk_for(seq).unwrap_or(0);
         let chunk = &mut self.chunks[c];
+        chunk.compact();
         match chunk.entries.binary_search_by_key(&seq, |e| e.seq) {
             Ok(i) => {
                 assert!(!chunk.entries[i].is_live(), "message paged out twice");
@@ -225,13 +243,11 @@ impl ColdQueue {
 
     fn drop_leading_tombstones(&mut self) {
         while let Some(chunk) = self.chunks.front_mut() {
-            let dead = chunk.entries.iter().take_while(|e| !e.is_live()).count();
-            if dead == chunk.entries.len() {
+            let dead = chunk.current().iter().take_while(|e| !e.is_live()).count();
+            chunk.head += dead;
+            if chunk.head == chunk.entries.len() {
                 self.chunks.pop_front();
                 continue;
-            }
-            if dead > 0 {
-                chunk.entries.drain(..dead);
             }
             break;
         }
@@ -239,8 +255,8 @@ impl ColdQueue {
 
     /// The earliest entry (the next to page in).
     pub fn first(&self) -> Option<(u64, ColdRef)> {
-        let e = self.chunks.front()?.entries.first()?;
-        assert!(e.is_live(), "leading tombstones are dropped");
+        let e = self.chunks.front()?.current().first()?;
+        assert!(e.is_live(), "leading tombstones are passed");
         Some((e.seq, e.cref))
     }
 
@@ -248,7 +264,7 @@ impl ColdQueue {
     pub fn iter(&self) -> impl Iterator<Item = (u64, ColdRef)> + '_ {
         self.chunks
             .iter()
-            .flat_map(|c| c.entries.iter())
+            .flat_map(|c| c.current().iter())
             .filter(|e| e.is_live())
             .map(|e| (e.seq, e.cref))
     }
@@ -375,5 +391,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Taking from the front passes tombstones instead of shifting the chunk: a drain of a
+    /// deep backlog costs O(1) per message, not O(chunk).
+    #[test]
+    fn taking_from_the_front_does_not_shift_the_chunk() {
+        let mut q = ColdQueue::default();
+        let n = CHUNK_ENTRIES_MAX as u64 + 10;
+        for seq in 1..=n {
+            q.insert(seq, cref(seq));
+        }
+        for seq in 1..=100 {
+            assert_eq!(q.remove(seq), Some(cref(seq)));
+            assert_eq!(
+                q.chunks[0].entries.len(),
+                CHUNK_ENTRIES_MAX,
+                "chunk shifted"
+            );
+            assert_eq!(q.first(), Some((seq + 1, cref(seq + 1))));
+        }
+        // An out-of-order insertion into the front chunk drops what was passed first.
+        q.remove(102);
+        q.insert(102, cref(7));
+        assert_eq!(q.chunks[0].entries.len(), CHUNK_ENTRIES_MAX - 100);
+        assert_eq!(q.first(), Some((101, cref(101))));
+        for seq in 101..=CHUNK_ENTRIES_MAX as u64 {
+            q.remove(seq);
+        }
+        assert_eq!(q.chunks.len(), 1, "an emptied chunk is dropped");
+        assert_eq!(q.len(), 10);
     }
 }
