@@ -23,4 +23,6 @@ pub enum ServerError {
     /// Shared-store modes: this broker can no longer prove it is master; it stopped at once.
     #[error("no longer master, stopped serving: {0}")]
     Fenced(String),
+    #[error("cannot start the network bridges' thread: {0}")]
+    BridgeThread(std::io::Error),
 }

@@ -280,7 +280,13 @@ impl Server {
             store_id,
             next_conn: AtomicU64::new(boot_id << 20),
         });
-        let network = network::start(&shared);
+        let network = match network::start(&shared) {
+            Ok(n) => n,
+            Err(e) => {
+                core.abort();
+                return Err(ServerError::BridgeThread(e));
+            }
+        };
         let open = Arc::new(AtomicUsize::new(0));
         let accept = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx, open.clone()));
         tracing::info!(stomp = %local_addr, "haven listening");

@@ -63,8 +63,11 @@ const BATCH_MESSAGES_MAX: usize = 1024;
 /// arrives is staged and goes out as one batch when the next RECEIPT comes: under light load a
 /// message goes out at once; under heavy load batches grow with the sink's sync time, so the
 /// sink syncs, the source removes, and both sides wake once per batch rather than per few
-/// messages (measured: batches of about 50 messages without this limit).
-const BATCHES_IN_FLIGHT_MAX: usize = 2;
+/// messages (measured: batches of about 50 messages without this limit). Four rather than two:
+/// with two, the sink sat idle while the source turned a confirmed batch's acknowledgement into
+/// new deliveries (scenario (c) A → B: 79k–81k msg/s with two, 84k–90k with four; a backlog
+/// drained at 95k msg/s against 110k).
+const BATCHES_IN_FLIGHT_MAX: usize = 4;
 
 /// How often a bridge logs its counters, when they changed.
 const REPORT_INTERVAL_MS: u64 = 10_000;

@@ -305,12 +305,18 @@ impl Inner {
             conn: self.conn,
             receipt: None,
         });
-        // Idempotent on the core; without a runtime (the broker is gone) there is nothing to
-        // close.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = core.send(close).await;
-            });
+        // Idempotent on the core. Sent at once when the core's queue has room: a bridge's
+        // connection is dropped on the bridges' thread, whose runtime may be shutting down and
+        // would drop a task spawned on it. A closed queue means the broker is gone.
+        match core.try_send(close) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(close)) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = core.send(close).await;
+                    });
+                }
+            }
         }
     }
 }
