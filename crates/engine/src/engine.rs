@@ -19,7 +19,7 @@ use crate::command::{AckRef, Command, NetworkConsumer, NewMessage, ProducerSeq, 
 use crate::config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
 use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
-use crate::hash::HashMap;
+use crate::hash::{HashMap, IdMap};
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
 use crate::producers::{is_network_origin, ProducerStats, Producers, Released};
@@ -110,7 +110,7 @@ struct Sub {
     /// Unacknowledged deliveries in order: tag → message seq (not used for auto-ack).
     tags: BTreeMap<u64, u64>,
     /// seq → tag, for STOMP 1.0/1.1 ACKs that name a message-id.
-    seq_tags: HashMap<u64, u64>,
+    seq_tags: IdMap<u64>,
     durable: Option<(String, String)>,
     /// Private buffer of a non-durable topic subscription, deleted with it.
     private_queue: bool,
@@ -142,7 +142,7 @@ struct Conn {
     client_id: Option<String>,
     subs: HashMap<String, Sub>,
     /// tag → (subscription id, seq)
-    deliveries: HashMap<u64, (String, u64, QueueId)>,
+    deliveries: IdMap<(String, u64, QueueId)>,
     next_tag: u64,
     txs: HashMap<String, Tx>,
     /// The temporary queues it owns (`QueueKey::Temp { owner: this connection, .. }`), deleted
@@ -174,9 +174,9 @@ pub struct Engine {
     /// Wildcard queue consumers: (pattern, connection, subscription), attached to every named
     /// queue the pattern matches, including queues created after they subscribed.
     wildcard_queue_subs: Vec<(String, ConnId, String)>,
-    conns: HashMap<ConnId, Conn>,
+    conns: IdMap<Conn>,
     client_ids: HashMap<String, ConnId>,
-    stored: HashMap<u64, Stored>,
+    stored: IdMap<Stored>,
     live: LiveSet,
     next_seq: u64,
     /// Output of the call in progress.
@@ -204,7 +204,7 @@ pub struct Engine {
     /// Inside `replay`: queues created here are not declared again.
     replaying: bool,
     /// Scheduled messages by seq, and their firing order.
-    schedules: HashMap<u64, Scheduled>,
+    schedules: IdMap<Scheduled>,
     schedule_due: BTreeSet<(u64, u64)>,
     /// Per-producer sequence marks (exactly-once sends) and who owns each producer:
     /// applications' producers only.
@@ -234,9 +234,9 @@ impl Engine {
             wildcard_topics: HashMap::default(),
             virtual_queues: HashMap::default(),
             wildcard_queue_subs: Vec::new(),
-            conns: HashMap::default(),
+            conns: IdMap::default(),
             client_ids: HashMap::default(),
-            stored: HashMap::default(),
+            stored: IdMap::default(),
             live: LiveSet::default(),
             next_seq: 1,
             out: Vec::new(),
@@ -252,7 +252,7 @@ impl Engine {
             paged_in_total: 0,
             fatal: None,
             replaying: false,
-            schedules: HashMap::default(),
+            schedules: IdMap::default(),
             schedule_due: BTreeSet::new(),
         }
     }
@@ -627,7 +627,7 @@ impl Engine {
             Conn {
                 client_id,
                 subs: HashMap::default(),
-                deliveries: HashMap::default(),
+                deliveries: IdMap::default(),
                 next_tag: 1,
                 txs: HashMap::default(),
                 temp_queues: Vec::new(),
@@ -822,7 +822,7 @@ impl Engine {
             inflight: 0,
             inflight_bytes: 0,
             tags: BTreeMap::new(),
-            seq_tags: HashMap::default(),
+            seq_tags: IdMap::default(),
             durable,
             private_queue,
             topic,
@@ -930,7 +930,7 @@ impl Engine {
             inflight: 0,
             inflight_bytes: 0,
             tags: BTreeMap::new(),
-            seq_tags: HashMap::default(),
+            seq_tags: IdMap::default(),
             durable: None,
             private_queue: true,
             topic: Some(Destination::TempTopic {

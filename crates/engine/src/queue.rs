@@ -4,7 +4,7 @@
 
 use crate::cold::ColdQueue;
 pub(crate) use crate::cold::ColdRef;
-use crate::hash::HashMap;
+use crate::hash::{HashMap, IdMap};
 use crate::message::Message;
 use crate::selector::Selector;
 use crate::types::{ConnId, QueueKey};
@@ -52,7 +52,7 @@ pub(crate) struct Queue {
     /// Waiting for a consumer: highest priority first, then arrival order.
     ready: BTreeMap<(Reverse<u8>, u64), Entry>,
     /// Handed to a consumer, not yet acknowledged.
-    pub inflight: HashMap<u64, InFlight>,
+    pub inflight: IdMap<InFlight>,
     /// (connection, subscription id), in the order they subscribed. Changed only through
     /// `add_consumer` / `remove_consumer`, which keep `network_consumers`.
     pub consumers: Vec<(ConnId, String)>,
@@ -75,7 +75,7 @@ pub(crate) struct Queue {
     pub grouped_waiting: usize,
     /// Failed deliveries held back by the redelivery delay: (due time, seq) → entry.
     delayed: BTreeMap<(u64, u64), Entry>,
-    delayed_at: HashMap<u64, u64>,
+    delayed_at: IdMap<u64>,
     /// Paged out, by seq (arrival order): they come after everything in `ready`.
     pub cold: ColdQueue,
     /// Arrived while paging, by seq; merged with `cold` in seq order when paged in.
@@ -94,7 +94,7 @@ impl Queue {
         Queue {
             key,
             ready: BTreeMap::new(),
-            inflight: HashMap::default(),
+            inflight: IdMap::default(),
             consumers: Vec::new(),
             network_consumers: 0,
             next_consumer: 0,
@@ -104,7 +104,7 @@ impl Queue {
             groups: HashMap::default(),
             grouped_waiting: 0,
             delayed: BTreeMap::new(),
-            delayed_at: HashMap::default(),
+            delayed_at: IdMap::default(),
             cold: ColdQueue::default(),
             tail: BTreeMap::new(),
             ready_bytes: 0,
