@@ -8,6 +8,9 @@
 //! craft colliding keys (HashDoS). So every map hashes a secret 64-bit prefix, then the key,
 //! with std's SipHash: the prefix is random per process in production, and set from the
 //! simulation's seed (`set_seed`) before a simulated broker starts.
+//!
+//! Keys the broker assigns itself (seqs, delivery tags, connection ids) cannot be crafted by a
+//! client, so their maps (`IdMap`) skip the secret and SipHash (see there).
 
 use std::collections::hash_map::{DefaultHasher, RandomState};
 use std::hash::{BuildHasher, Hasher};
