@@ -122,26 +122,36 @@ struct BridgeThread {
 }
 
 impl BridgeThread {
+    /// Returns once the thread runs its runtime (so it exists, under its name, from here on).
     fn start() -> std::io::Result<(BridgeThread, tokio::runtime::Handle)> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (started, handle) = std::sync::mpsc::sync_channel(1);
         let join = std::thread::Builder::new()
             .name("haven-bridges".into())
             .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = started.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = started.send(Ok(runtime.handle().clone()));
                 // Returns when `stop` is sent or dropped; dropping the runtime then drops every
                 // bridge task, closing its connections.
                 let _ = runtime.block_on(stopped);
             })?;
-        Ok((
-            BridgeThread {
-                stop: Some(stop),
-                join: Some(join),
-            },
-            handle,
-        ))
+        let thread = BridgeThread {
+            stop: Some(stop),
+            join: Some(join),
+        };
+        let handle = handle
+            .recv()
+            .expect("the bridges' thread reports before it ends")?;
+        Ok((thread, handle))
     }
 }
 
