@@ -1508,6 +1508,15 @@ fn run_with(ops: &[Op], memory_bytes_max: Option<u64>) {
     run_model(Model::new(memory_bytes_max), ops);
 }
 
+/// The model's proptest settings, `cases` random command sequences each.
+fn model_config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        max_shrink_iters: 20_000,
+        ..ProptestConfig::default()
+    }
+}
+
 fn run_model(mut m: Model, ops: &[Op]) {
     for op in ops {
         m.step(op);
@@ -1517,11 +1526,7 @@ fn run_model(mut m: Model, ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 512,
-        max_shrink_iters: 20_000,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(model_config(512))]
 
     #[test]
     fn random_clients_crashes_and_compaction_match_the_model(
@@ -1534,11 +1539,7 @@ proptest! {
 proptest! {
     // Paging bugs hide in rarer interleavings (a DLQ move replayed behind paged-out messages
     // needed ~2,000 cases to show up): more cases than the plain model.
-    #![proptest_config(ProptestConfig {
-        cases: 2_048,
-        max_shrink_iters: 20_000,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(model_config(2_048))]
 
     /// The same model with a tiny memory budget: messages are paged out to the log and read
     /// back, spilled when non-persistent, compacted and recovered while paged out.
@@ -1551,11 +1552,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 256,
-        max_shrink_iters: 20_000,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(model_config(256))]
 
     /// The same model with `prefetch_bytes_max` of 1 byte: every subscription holds one
     /// unacknowledged message at most, whatever its prefetch, and the window's byte count

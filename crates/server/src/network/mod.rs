@@ -99,11 +99,11 @@ pub(crate) fn check(broker_name: &str, n: &NetworkConnector) -> Result<(), (&'st
     Ok(())
 }
 
-/// The running bridges of a broker; dropping it stops them.
+/// The running bridges of a broker; dropping it stops them (their thread's runtime drops
+/// every bridge task).
 pub(crate) struct Network {
-    tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The bridges' own thread; None for a broker without connectors.
-    thread: Option<BridgeThread>,
+    _thread: Option<BridgeThread>,
 }
 
 /// The thread every bridge of a broker runs on, with a single-threaded runtime of its own.
@@ -166,28 +166,14 @@ impl Drop for BridgeThread {
     }
 }
 
-impl Drop for Network {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-        drop(self.thread.take());
-    }
-}
-
 /// Starts every connector's bridges on the broker `here` (each reaches it in process, see
 /// `local.rs`), on a thread of their own.
 pub(crate) fn start(here: &Arc<Shared>) -> std::io::Result<Network> {
     let config = &here.config;
-    let mut network = Network {
-        tasks: Vec::new(),
-        thread: None,
-    };
     if config.network.is_empty() {
-        return Ok(network);
+        return Ok(Network { _thread: None });
     }
     let (thread, runtime) = BridgeThread::start()?;
-    network.thread = Some(thread);
     for (i, n) in config.network.iter().enumerate() {
         let name = if n.name.is_empty() {
             format!("network-{}", i + 1)
@@ -202,10 +188,13 @@ pub(crate) fn start(here: &Arc<Shared>) -> std::io::Result<Network> {
                 here: here.clone(),
                 cfg: n.clone(),
             };
-            network.tasks.push(runtime.spawn(bridge::run(spec)));
+            // Detached: the runtime owns the task and drops it when the thread stops.
+            drop(runtime.spawn(bridge::run(spec)));
         }
     }
-    Ok(network)
+    Ok(Network {
+        _thread: Some(thread),
+    })
 }
 
 #[cfg(test)]
