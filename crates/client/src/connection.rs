@@ -414,6 +414,55 @@ impl Connection {
         result
     }
 
+    // ----- batches -------------------------------------------------------------------------
+
+    /// An empty batch in this connection's negotiated version: frames encoded from borrowed
+    /// parts into one buffer and queued as one write by [`Connection::send_batch`]. For a
+    /// caller that sends many frames at once (a network bridge forwarding what arrived
+    /// together): no `Frame` is built per message, and the writer is handed one buffer.
+    /// `capacity_bytes` is the caller's estimate of the encoded size (the buffer grows past
+    /// it if needed; a good estimate saves copying it as it grows).
+    pub fn frame_batch(&self, capacity_bytes: usize) -> FrameBatch {
+        let mut codec = StompCodec::new(Limits::default());
+        codec.set_version(self.inner.version);
+        FrameBatch {
+            codec,
+            buf: BytesMut::with_capacity(capacity_bytes),
+            frames: 0,
+        }
+    }
+
+    /// Queues `batch` as one write.
+    pub async fn send_batch(&self, batch: FrameBatch) -> Result<()> {
+        if batch.frames == 0 {
+            return Ok(());
+        }
+        self.push(batch.buf.freeze()).await
+    }
+
+    /// Adds one last frame to `batch` carrying a fresh `receipt` header, queues the batch as
+    /// one write, and returns that RECEIPT: a broker that answers in order (as STOMP brokers
+    /// do) confirms the whole batch with it.
+    pub async fn send_batch_with_receipt<'a, I>(
+        &self,
+        mut batch: FrameBatch,
+        command: Command,
+        headers: I,
+        body: &[u8],
+    ) -> Result<Receipt>
+    where
+        I: Iterator<Item = (&'a str, &'a str)> + Clone,
+    {
+        let id = format!("rcpt-{}", self.next_id());
+        batch.push_with_receipt(command, headers, &id, body)?;
+        let rx = self.inner.shared.register_receipt(&id)?;
+        if let Err(e) = self.push(batch.buf.freeze()).await {
+            self.inner.shared.cancel_receipt(&id);
+            return Err(e);
+        }
+        Ok(Receipt { id, rx })
+    }
+
     // ----- escape hatches for tests --------------------------------------------------------
 
     /// Sends `frame` exactly as given (no receipt bookkeeping): for tests that need odd frames.
@@ -472,6 +521,62 @@ impl Connection {
                 .close_reason()
                 .unwrap_or(ClientError::Closed)
         })
+    }
+}
+
+/// Frames encoded for one connection and queued together (see [`Connection::frame_batch`]).
+pub struct FrameBatch {
+    codec: StompCodec,
+    buf: BytesMut,
+    frames: usize,
+}
+
+impl FrameBatch {
+    /// Appends one frame. A frame that cannot be encoded (a `content-length` that disagrees
+    /// with the body, a header the version cannot carry) is an error and leaves the batch as
+    /// it was.
+    pub fn push<'a, I>(&mut self, command: Command, headers: I, body: &[u8]) -> Result<()>
+    where
+        I: Iterator<Item = (&'a str, &'a str)> + Clone,
+    {
+        self.codec
+            .encode_parts(command, headers, body, &mut self.buf)
+            .map_err(|e| ClientError::Protocol(format!("cannot encode {command:?} frame: {e}")))?;
+        self.frames += 1;
+        Ok(())
+    }
+
+    fn push_with_receipt<'a, 'b, I>(
+        &mut self,
+        command: Command,
+        headers: I,
+        receipt: &'b str,
+        body: &[u8],
+    ) -> Result<()>
+    where
+        'a: 'b,
+        I: Iterator<Item = (&'a str, &'a str)> + Clone,
+    {
+        let headers = headers.map(|(k, v)| -> (&'b str, &'b str) { (k, v) });
+        self.push(
+            command,
+            headers.chain(std::iter::once(("receipt", receipt))),
+            body,
+        )
+    }
+
+    /// Frames in the batch.
+    pub fn len(&self) -> usize {
+        self.frames
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames == 0
+    }
+
+    /// Bytes encoded so far.
+    pub fn bytes(&self) -> usize {
+        self.buf.len()
     }
 }
 
@@ -672,5 +777,52 @@ mod tests {
         let f = ack_frame(Command::Ack, Version::V1_0, &msg(), None);
         assert_eq!(f.header("message-id"), Some("m-7"));
         assert_eq!(f.header("subscription"), None);
+    }
+
+    #[test]
+    fn a_batch_holds_its_frames_in_order_and_refuses_a_bad_one_whole() {
+        let mut codec = StompCodec::new(Limits::default());
+        codec.set_version(Version::V1_2);
+        let mut batch = FrameBatch {
+            codec,
+            buf: BytesMut::new(),
+            frames: 0,
+        };
+        let first = [("destination", "/queue/a"), ("x", "a:b")];
+        batch
+            .push(Command::Send, first.into_iter(), b"one")
+            .unwrap();
+        let before = batch.bytes();
+        let bad = [("destination", "/queue/a"), ("content-length", "9")];
+        assert!(batch.push(Command::Send, bad.into_iter(), b"two").is_err());
+        assert_eq!(
+            (batch.len(), batch.bytes()),
+            (1, before),
+            "a refused frame left bytes"
+        );
+        batch
+            .push_with_receipt(
+                Command::Send,
+                [("destination", "/queue/b")].into_iter(),
+                "r-1",
+                b"",
+            )
+            .unwrap();
+        assert_eq!(batch.len(), 2);
+
+        let mut decoder = StompCodec::new(Limits::default());
+        decoder.set_version(Version::V1_2);
+        let mut buf = batch.buf.clone();
+        let mut frames = Vec::new();
+        while let Some(item) = decoder.decode(&mut buf).unwrap() {
+            if let Item::Frame(f) = item {
+                frames.push(f);
+            }
+        }
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].header("x"), Some("a:b"));
+        assert_eq!(&frames[0].body[..], b"one");
+        assert_eq!(frames[1].header("destination"), Some("/queue/b"));
+        assert_eq!(frames[1].header("receipt"), Some("r-1"));
     }
 }

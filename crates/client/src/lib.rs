@@ -26,7 +26,7 @@ mod transport;
 mod uri;
 mod writer;
 
-pub use connection::{Connection, Receipt};
+pub use connection::{Connection, FrameBatch, Receipt};
 pub use error::ClientError;
 pub use failover::{Client, ClientStats, ConnectionEvent};
 pub use haven_stomp::{Command, Frame, Version};

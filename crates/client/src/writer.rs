@@ -19,6 +19,9 @@ use crate::shared::Shared;
 /// Bytes gathered into one write before it is issued.
 const WRITE_BATCH_BYTES_MAX: usize = 256 * 1024;
 
+/// Queued bytes this large are written as they are rather than copied into a batch.
+const DIRECT_WRITE_BYTES_MIN: usize = 64 * 1024;
+
 pub(crate) async fn run(
     mut socket: WriteHalf,
     mut queue: mpsc::Receiver<Bytes>,
@@ -40,6 +43,15 @@ pub(crate) async fn run(
                 None => break,
             }
         };
+        if first.len() >= DIRECT_WRITE_BYTES_MIN {
+            // Already one big write (a caller's batch of frames): no copy.
+            if let Err(e) = socket.write_all(&first).await {
+                tracing::debug!(error = %e, "stomp client write failed");
+                shared.close(e.into());
+                return;
+            }
+            continue;
+        }
         batch.extend_from_slice(&first);
         while batch.len() < WRITE_BATCH_BYTES_MAX {
             match queue.try_recv() {

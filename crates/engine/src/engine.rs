@@ -541,13 +541,12 @@ impl Engine {
     /// was logged, so after a restart there is nothing a resend could duplicate).
     fn accept_producer(&mut self, p: &ProducerSeq, lsn: Option<u64>) {
         let now_ms = self.now_ms;
-        let released = self
+        let (id, released) = self
             .table(&p.producer)
             .accept(&p.producer, p.seq, now_ms, lsn);
         self.release_producers(released);
         if let Some(lsn) = lsn {
-            self.live
-                .insert(lsn, LiveObject::Producer(p.producer.clone()));
+            self.live.insert(lsn, LiveObject::Producer(id));
         }
     }
 
@@ -2441,10 +2440,9 @@ impl Engine {
     /// The record at `lsn` sets a producer's mark (the newest record wins; eviction beyond
     /// `producers_max` applies as live, idle forgetting at the first tick).
     fn replay_producer(&mut self, mark: &ProducerMark, lsn: u64) {
-        let released = self.table(&mark.producer).replay(mark, lsn);
+        let (id, released) = self.table(&mark.producer).replay(mark, lsn);
         self.release_producers(released);
-        self.live
-            .insert(lsn, LiveObject::Producer(mark.producer.clone()));
+        self.live.insert(lsn, LiveObject::Producer(id));
     }
 
     fn replay_remove(&mut self, key: &QueueKey, seq: u64) {

@@ -10,7 +10,9 @@
 //! Messages are kept as bare `(lsn, seq)` pairs: with a deep backlog paged out to disk this set
 //! is most of the memory a message costs (about 20 bytes each in the B-tree).
 
+use crate::producers::Id;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum LiveObject {
@@ -21,8 +23,8 @@ pub(crate) enum LiveObject {
     },
     /// A declared queue (a virtual topic's consumer queue): exists even while empty.
     Queue(String),
-    /// A producer's durable sequence mark (exactly-once sends).
-    Producer(String),
+    /// A producer's durable sequence mark (exactly-once sends): the producer table's own id.
+    Producer(Id),
 }
 
 #[derive(Default, Debug)]
@@ -32,7 +34,7 @@ pub(crate) struct LiveSet {
     queues: BTreeSet<(u64, String)>,
     /// A record carries at most one producer's mark, so the LSN alone names it (and a bridge's
     /// traffic, one mark per message, removes by LSN without building a key).
-    producers: BTreeMap<u64, String>,
+    producers: BTreeMap<u64, Id>,
 }
 
 impl LiveSet {
@@ -59,9 +61,10 @@ impl LiveSet {
     }
 
     /// Removes the mark of producer `id` recorded at `lsn`; false if there is none.
-    fn remove_producer(&mut self, lsn: u64, id: &str) -> bool {
+    fn remove_producer(&mut self, lsn: u64, id: &Id) -> bool {
         match self.producers.get(&lsn) {
-            Some(live) if live == id => {
+            // The same allocation, unless compaction or replay built the id anew.
+            Some(live) if Arc::ptr_eq(live, id) || live == id => {
                 self.producers.remove(&lsn);
                 true
             }
@@ -85,7 +88,7 @@ impl LiveSet {
     pub fn producers(&self) -> BTreeSet<(u64, String)> {
         self.producers
             .iter()
-            .map(|(lsn, id)| (*lsn, id.clone()))
+            .map(|(lsn, id)| (*lsn, id.to_string()))
             .collect()
     }
 

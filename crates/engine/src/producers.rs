@@ -33,9 +33,10 @@ use crate::EngineError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// A producer id as the table keeps it: one allocation shared by the map and the idle index
-/// (a bridge's traffic adds an entry per message, so each allocation counts).
-type Id = Arc<str>;
+/// A producer id as the table keeps it: one allocation shared by the map, the idle index and
+/// the engine's live set (a bridge's traffic adds an entry per message, so each allocation
+/// counts, and so does each cold string compared when the oldest entry goes).
+pub(crate) type Id = Arc<str>;
 
 /// Longest `haven-producer` id, in bytes: ids are kept in memory and in every record.
 pub const PRODUCER_ID_BYTES_MAX: usize = 128;
@@ -84,7 +85,7 @@ pub struct ProducerStats {
 
 /// A durable mark that stopped being live: the caller removes `(lsn, producer)` from its live
 /// set.
-pub(crate) type Released = Vec<(u64, String)>;
+pub(crate) type Released = Vec<(u64, Id)>;
 
 #[derive(Debug)]
 pub(crate) struct Producers {
@@ -132,53 +133,75 @@ impl Producers {
     }
 
     /// A SEND or COMMIT with `(id, seq)` was accepted at `now_ms`; `lsn` is the record that
-    /// carries the mark, or None if nothing was logged (the mark is in memory only).
-    pub fn accept(&mut self, id: &str, seq: u64, now_ms: u64, lsn: Option<u64>) -> Released {
+    /// carries the mark, or None if nothing was logged (the mark is in memory only). Returns
+    /// the table's id (for the caller's live set) and the marks that stopped being live.
+    pub fn accept(&mut self, id: &str, seq: u64, now_ms: u64, lsn: Option<u64>) -> (Id, Released) {
         let mut released = Vec::new();
-        let old = self.entries.get(id).map(|p| (p.hwm, p.durable));
-        assert!(old.is_none_or(|(hwm, _)| seq > hwm), "duplicate accepted");
-        let old_durable = old.and_then(|(_, d)| d);
-        let durable = match lsn {
-            Some(lsn) => Some(Durable {
-                seq,
-                seen_ms: now_ms,
-                lsn,
-            }),
-            None => old_durable,
-        };
-        if let (Some(lsn), Some(Durable { lsn: old_lsn, .. })) = (lsn, old_durable) {
-            assert!(old_lsn < lsn, "producer mark logged out of order");
-            released.push((old_lsn, id.to_string()));
+        let new_durable = lsn.map(|lsn| Durable {
+            seq,
+            seen_ms: now_ms,
+            lsn,
+        });
+        // The common case for applications' producers, a known one sending again: update in
+        // place, and touch the idle index only when the time moved (many SENDs share a
+        // millisecond), so a SEND costs no allocation here.
+        if let Some(p) = self.entries.get_mut(id) {
+            assert!(seq > p.hwm, "duplicate accepted");
+            if let (Some(new), Some(old)) = (new_durable, p.durable) {
+                assert!(old.lsn < new.lsn, "producer mark logged out of order");
+                released.push((old.lsn, p.id.clone()));
+            }
+            if p.seen_ms != now_ms {
+                let found = self.by_seen.remove(&(p.seen_ms, p.id.clone()));
+                assert!(found, "producer {id} missing from the idle index");
+                self.by_seen.insert((now_ms, p.id.clone()));
+            }
+            p.hwm = seq;
+            p.seen_ms = now_ms;
+            p.durable = new_durable.or(p.durable);
+            return (p.id.clone(), released);
         }
-        self.put(id, seq, now_ms, durable, &mut released);
-        released
+        // The common case for network origins: a new one (one per forwarded message).
+        let id = self.insert_new(id, seq, now_ms, new_durable, &mut released);
+        (id, released)
     }
 
     /// Replay: the record at `lsn` says the producer's mark is exactly `mark` (the newest
     /// record wins; live handling only ever logs a higher mark, or a first one after the
-    /// producer was forgotten).
-    pub fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> Released {
+    /// producer was forgotten). Returns the table's id and the marks no longer live.
+    pub fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Id, Released) {
         let mut released = Vec::new();
-        if let Some(d) = self
-            .entries
-            .get(mark.producer.as_str())
-            .and_then(|p| p.durable)
-        {
-            released.push((d.lsn, mark.producer.clone()));
-        }
         let durable = Some(Durable {
             seq: mark.seq,
             seen_ms: mark.seen_ms,
             lsn,
         });
-        self.put(
+        if let Some(p) = self.entries.get_mut(mark.producer.as_str()) {
+            if let Some(d) = p.durable {
+                released.push((d.lsn, p.id.clone()));
+            }
+            if p.seen_ms != mark.seen_ms {
+                let found = self.by_seen.remove(&(p.seen_ms, p.id.clone()));
+                assert!(
+                    found,
+                    "producer {} missing from the idle index",
+                    mark.producer
+                );
+                self.by_seen.insert((mark.seen_ms, p.id.clone()));
+            }
+            p.hwm = mark.seq;
+            p.seen_ms = mark.seen_ms;
+            p.durable = durable;
+            return (p.id.clone(), released);
+        }
+        let id = self.insert_new(
             &mark.producer,
             mark.seq,
             mark.seen_ms,
             durable,
             &mut released,
         );
-        released
+        (id, released)
     }
 
     /// Compaction: the durable mark of `id`, to be re-logged. None if only in memory.
@@ -214,29 +237,16 @@ impl Producers {
         released
     }
 
-    fn put(
+    /// Adds a producer the table does not know, making room first so it is never its own
+    /// victim.
+    fn insert_new(
         &mut self,
         id: &str,
         hwm: u64,
         seen_ms: u64,
         durable: Option<Durable>,
         released: &mut Released,
-    ) {
-        // The common case, a known producer sending again: update in place, and touch the
-        // idle index only when the time moved (many SENDs share a millisecond), so a SEND
-        // costs no allocation here.
-        if let Some(old) = self.entries.get_mut(id) {
-            if old.seen_ms != seen_ms {
-                let found = self.by_seen.remove(&(old.seen_ms, old.id.clone()));
-                assert!(found, "producer {id} missing from the idle index");
-                self.by_seen.insert((seen_ms, old.id.clone()));
-            }
-            old.hwm = hwm;
-            old.seen_ms = seen_ms;
-            old.durable = durable;
-            return;
-        }
-        // A new producer: make room first, so it is never its own victim.
+    ) -> Id {
         while self.entries.len() >= self.producers_max {
             let (_, victim) = self.by_seen.first().cloned().expect("table not empty");
             self.forget(&victim, released);
@@ -249,7 +259,9 @@ impl Producers {
             seen_ms,
             durable,
         };
-        self.entries.insert(id, producer);
+        let previous = self.entries.insert(id.clone(), producer);
+        assert!(previous.is_none(), "a new producer was known");
+        id
     }
 
     fn forget(&mut self, id: &str, released: &mut Released) {
@@ -260,7 +272,7 @@ impl Producers {
         let found = self.by_seen.remove(&(p.seen_ms, p.id.clone()));
         assert!(found, "producer {id} missing from the idle index");
         if let Some(d) = p.durable {
-            released.push((d.lsn, id.to_string()));
+            released.push((d.lsn, p.id));
         }
         self.forgotten_total += 1;
     }
@@ -348,11 +360,34 @@ impl Producers {
 mod tests {
     use super::*;
 
+    /// A table's answer with plain strings, to compare.
+    fn plain(released: Released) -> Vec<(u64, String)> {
+        released
+            .into_iter()
+            .map(|(lsn, id)| (lsn, id.to_string()))
+            .collect()
+    }
+
+    fn accept(
+        p: &mut Producers,
+        id: &str,
+        seq: u64,
+        now_ms: u64,
+        lsn: Option<u64>,
+    ) -> Vec<(u64, String)> {
+        let (kept, released) = p.accept(id, seq, now_ms, lsn);
+        assert_eq!(&*kept, id);
+        plain(released)
+    }
+
     #[test]
     fn a_gap_is_accepted_and_everything_up_to_the_mark_is_a_duplicate() {
         let mut p = Producers::new(1_000, 10);
-        assert!(p.accept("a", 1, 5, Some(1)).is_empty());
-        assert_eq!(p.accept("a", 5, 6, Some(2)), vec![(1, "a".to_string())]);
+        assert!(accept(&mut p, "a", 1, 5, Some(1)).is_empty());
+        assert_eq!(
+            accept(&mut p, "a", 5, 6, Some(2)),
+            vec![(1, "a".to_string())]
+        );
         assert!(p.is_duplicate("a", 1) && p.is_duplicate("a", 3) && p.is_duplicate("a", 5));
         assert!(!p.is_duplicate("a", 6) && !p.is_duplicate("b", 1));
         p.check_invariants();
@@ -361,8 +396,8 @@ mod tests {
     #[test]
     fn in_memory_marks_keep_the_durable_one() {
         let mut p = Producers::new(1_000, 10);
-        p.accept("a", 2, 5, Some(7));
-        assert!(p.accept("a", 3, 6, None).is_empty());
+        accept(&mut p, "a", 2, 5, Some(7));
+        assert!(accept(&mut p, "a", 3, 6, None).is_empty());
         assert_eq!(p.hwm("a"), 3);
         assert_eq!(p.durable_marks()["a"], (2, 5));
     }
@@ -370,10 +405,10 @@ mod tests {
     #[test]
     fn idle_producers_are_forgotten_oldest_first() {
         let mut p = Producers::new(100, 10);
-        p.accept("a", 1, 0, Some(1));
-        p.accept("b", 1, 50, None);
+        accept(&mut p, "a", 1, 0, Some(1));
+        accept(&mut p, "b", 1, 50, None);
         assert_eq!(p.forget_idle(99), vec![]);
-        assert_eq!(p.forget_idle(100), vec![(1, "a".to_string())]);
+        assert_eq!(plain(p.forget_idle(100)), vec![(1, "a".to_string())]);
         assert_eq!(p.hwm("a"), 0);
         assert_eq!(p.forget_idle(150), vec![]);
         assert_eq!(p.stats().producers, 0);
@@ -383,10 +418,10 @@ mod tests {
     #[test]
     fn a_new_producer_beyond_the_limit_evicts_the_least_recently_seen() {
         let mut p = Producers::new(1_000, 2);
-        p.accept("a", 1, 10, Some(1));
-        p.accept("b", 1, 5, Some(2));
-        p.accept("a", 2, 20, Some(3));
-        let released = p.accept("c", 1, 30, Some(4));
+        accept(&mut p, "a", 1, 10, Some(1));
+        accept(&mut p, "b", 1, 5, Some(2));
+        accept(&mut p, "a", 2, 20, Some(3));
+        let released = accept(&mut p, "c", 1, 30, Some(4));
         assert_eq!(released, vec![(2, "b".to_string())]);
         assert_eq!((p.hwm("a"), p.hwm("b"), p.hwm("c")), (2, 0, 1));
         p.check_invariants();

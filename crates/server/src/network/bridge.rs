@@ -28,14 +28,14 @@
 
 use super::filter::{self, Filter};
 use super::headers::*;
-use super::link::{Delivered, Link, Receipt};
+use super::link::{Delivered, ForwardScratch, Link};
 use super::local::LocalConn;
 use super::{demand, path};
 use crate::config::NetworkConnector;
 use crate::connection::Shared;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use haven_client::{AckMode, ClientError, ConnectOptions, Connection, Frame};
+use haven_client::{AckMode, ClientError, ConnectOptions, Connection};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -280,8 +280,15 @@ type Confirming = Pin<Box<dyn Future<Output = (u64, Result<(), ClientError>)> + 
 struct Staged {
     sub_id: String,
     message: Delivered,
-    /// The SEND to the sink; None: acknowledged without sending.
-    send: Option<Frame>,
+    /// Where to send it on the sink; None: acknowledged without sending.
+    send: Option<Forward>,
+}
+
+/// A staged message's SEND to the sink, encoded only as the batch goes out.
+struct Forward {
+    destination: String,
+    /// Its broker path on (`haven-net-path`).
+    path: Vec<String>,
 }
 
 /// Messages from `source` to consumers on `sink`.
@@ -305,6 +312,7 @@ struct Direction<'a> {
     receipts: FuturesUnordered<Confirming>,
     /// Handled and waiting to go out as the next batch.
     staged: Vec<Staged>,
+    scratch: ForwardScratch,
 }
 
 impl<'a> Direction<'a> {
@@ -333,6 +341,7 @@ impl<'a> Direction<'a> {
             unconfirmed: BTreeSet::new(),
             receipts: FuturesUnordered::new(),
             staged: Vec::new(),
+            scratch: ForwardScratch::default(),
         }
     }
 
@@ -621,7 +630,10 @@ impl<'a> Direction<'a> {
         };
         let send = match route {
             path::Route::Skip => None,
-            path::Route::Forward(p) => Some(m.forward(destination, &self.source.store, &p)),
+            path::Route::Forward(path) => Some(Forward {
+                destination: destination.into_owned(),
+                path,
+            }),
         };
         Some(Staged {
             sub_id,
@@ -657,27 +669,27 @@ impl<'a> Direction<'a> {
             // Only skipped messages: they are done once everything before them is.
             self.last_batch
         };
-        let mut sent = 0;
-        for mut s in staged.drain(..) {
-            let was_sent = s.send.is_some();
-            if let Some(frame) = s.send.take() {
-                sent += 1;
-                if sent < sends {
-                    self.sink.link.send(frame).await
-                } else {
-                    let receipt: Receipt = self
-                        .sink
-                        .link
-                        .send_with_receipt(frame)
-                        .await
-                        .map_err(|e| Self::err(&self.sink, e))?;
-                    self.unconfirmed.insert(batch);
-                    self.receipts
-                        .push(Box::pin(async move { (batch, receipt.await) }));
-                    Ok(())
-                }
+        if sends > 0 {
+            let forwards: Vec<(&Delivered, &str, &[String])> = staged
+                .iter()
+                .filter_map(|s| {
+                    let f = s.send.as_ref()?;
+                    Some((&s.message, f.destination.as_str(), f.path.as_slice()))
+                })
+                .collect();
+            let receipt = self
+                .sink
+                .link
+                .forward_batch(&forwards, &self.source.store, &mut self.scratch)
+                .await
                 .map_err(|e| Self::err(&self.sink, e))?;
-            } else {
+            self.unconfirmed.insert(batch);
+            self.receipts
+                .push(Box::pin(async move { (batch, receipt.await) }));
+        }
+        for s in staged.drain(..) {
+            let was_sent = s.send.is_some();
+            if !was_sent {
                 self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             }
             let sub = self

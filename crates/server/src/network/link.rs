@@ -4,12 +4,14 @@
 
 use super::headers::{ORIGIN_HEADER, PATH_HEADER};
 use super::local::{self, LocalConn};
-use super::path;
-use haven_client::{AckMode, ClientError, Connection, Frame, Message, Subscription};
+use haven_client::{AckMode, ClientError, Command, Connection, Frame, Message, Subscription};
 use haven_engine::Delivery;
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
+
+/// What a forwarded SEND's command and headers usually take, for sizing a batch's buffer.
+const FORWARD_HEADER_BYTES_GUESS: usize = 320;
 
 pub(crate) enum Link {
     Remote(Connection),
@@ -77,6 +79,45 @@ impl Link {
         })
     }
 
+    /// Forwards `sends` (at least one: a message, the destination it goes to on this end,
+    /// and its path on) as SENDs in order, the last asking for a RECEIPT, which is returned.
+    /// To a remote broker they go as one write, encoded from the messages' own parts.
+    pub async fn forward_batch(
+        &self,
+        sends: &[(&Delivered, &str, &[String])],
+        origin_store: &str,
+        scratch: &mut ForwardScratch,
+    ) -> Result<Receipt, ClientError> {
+        let (last, rest) = sends
+            .split_last()
+            .expect("a batch forwards at least one message");
+        match self {
+            Link::Remote(c) => {
+                let bodies: usize = sends.iter().map(|(m, _, _)| m.body().len()).sum();
+                let mut batch = c.frame_batch(bodies + sends.len() * FORWARD_HEADER_BYTES_GUESS);
+                for (m, destination, next_path) in rest {
+                    let headers = m.forward_headers(destination, origin_store, next_path, scratch);
+                    batch.push(Command::Send, headers.into_iter(), m.body())?;
+                }
+                let (m, destination, next_path) = last;
+                let headers = m.forward_headers(destination, origin_store, next_path, scratch);
+                let receipt = c
+                    .send_batch_with_receipt(batch, Command::Send, headers.into_iter(), m.body())
+                    .await?;
+                Ok(Box::pin(receipt))
+            }
+            Link::Local(_) => {
+                for (m, destination, next_path) in rest {
+                    self.send(m.forward(destination, origin_store, next_path))
+                        .await?;
+                }
+                let (m, destination, next_path) = last;
+                self.send_with_receipt(m.forward(destination, origin_store, next_path))
+                    .await
+            }
+        }
+    }
+
     /// Resolves with the reason once this end's connection has ended.
     pub async fn closed(&self) -> ClientError {
         match self {
@@ -120,54 +161,106 @@ impl Delivered {
         }
     }
 
-    /// The SEND that forwards it to `destination` on the other end: its own headers less what
-    /// the source broker set for this delivery and what would steer the sink wrongly, then
-    /// its origin (`origin_store` and its message id) and its path on.
-    /// `destination` is `self.destination()`, passed in so that it is built once per message.
-    pub fn forward(
-        &self,
-        destination: Cow<'_, str>,
+    /// The SEND that forwards it to `destination` on the other end, as a frame (for an end
+    /// in process); see [`Delivered::forward_headers`].
+    pub fn forward(&self, destination: &str, origin_store: &str, next_path: &[String]) -> Frame {
+        let mut scratch = ForwardScratch::default();
+        let headers = self
+            .forward_headers(destination, origin_store, next_path, &mut scratch)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Frame {
+            command: haven_client::Command::Send,
+            headers,
+            body: self.body().clone(),
+        }
+    }
+
+    /// The headers of the SEND that forwards it to `destination` on the other end: its own
+    /// headers less what the source broker set for this delivery and what would steer the sink
+    /// wrongly, then its origin (`origin_store` and its message id) and its path on. Borrowed
+    /// from the message and `scratch`, so a bridge encodes its SENDs without building frames.
+    pub fn forward_headers<'a>(
+        &'a self,
+        destination: &'a str,
         origin_store: &str,
         next_path: &[String],
-    ) -> Frame {
-        let mut headers: Vec<(String, String)>;
-        let (id, body) = match self {
+        scratch: &'a mut ForwardScratch,
+    ) -> Vec<(&'a str, &'a str)> {
+        use std::fmt::Write;
+        scratch.origin.clear();
+        scratch.path.clear();
+        scratch.priority.clear();
+        scratch.expires.clear();
+        let id = match self {
+            Delivered::Remote(m) => m.message_id.as_str(),
+            Delivered::Local(d) => {
+                let m = &d.message;
+                write!(scratch.priority, "{}", m.priority).expect("writing to a String");
+                if m.expires_ms != 0 {
+                    write!(scratch.expires, "{}", m.expires_ms).expect("writing to a String");
+                }
+                m.id.as_str()
+            }
+        };
+        write!(scratch.origin, "{origin_store}/{id}").expect("writing to a String");
+        for (i, hop) in next_path.iter().enumerate() {
+            if i > 0 {
+                scratch.path.push(',');
+            }
+            scratch.path.push_str(hop);
+        }
+        let scratch: &'a ForwardScratch = scratch;
+        let mut headers: Vec<(&'a str, &'a str)>;
+        match self {
             Delivered::Remote(m) => {
                 headers = Vec::with_capacity(m.headers.len() + 3);
-                headers.push(("destination".into(), destination.into_owned()));
+                headers.push(("destination", destination));
                 push_passed(&mut headers, &m.headers);
-                (m.message_id.as_str(), m.body.clone())
             }
             Delivered::Local(d) => {
                 let m = &d.message;
                 headers = Vec::with_capacity(m.headers.len() + 6);
-                headers.push(("destination".into(), destination.into_owned()));
+                headers.push(("destination", destination));
                 // The engine keeps these as fields, not headers.
-                headers.push(("persistent".into(), m.persistent.to_string()));
-                headers.push(("priority".into(), m.priority.to_string()));
+                headers.push(("persistent", if m.persistent { "true" } else { "false" }));
+                headers.push(("priority", scratch.priority.as_str()));
                 if m.expires_ms != 0 {
-                    headers.push(("expires".into(), m.expires_ms.to_string()));
+                    headers.push(("expires", scratch.expires.as_str()));
                 }
                 push_passed(&mut headers, &m.headers);
-                (m.id.as_str(), m.body.clone())
             }
-        };
-        headers.push((ORIGIN_HEADER.into(), format!("{origin_store}/{id}")));
-        if !next_path.is_empty() {
-            headers.push((PATH_HEADER.into(), path::format(next_path)));
         }
-        Frame {
-            command: haven_client::Command::Send,
-            headers,
-            body,
+        headers.push((ORIGIN_HEADER, scratch.origin.as_str()));
+        if !next_path.is_empty() {
+            headers.push((PATH_HEADER, scratch.path.as_str()));
+        }
+        headers
+    }
+
+    pub fn body(&self) -> &bytes::Bytes {
+        match self {
+            Delivered::Remote(m) => &m.body,
+            Delivered::Local(d) => &d.message.body,
         }
     }
+}
+
+/// The header values [`Delivered::forward_headers`] formats rather than borrows; one per
+/// bridge direction, reused for every message.
+#[derive(Default)]
+pub(crate) struct ForwardScratch {
+    origin: String,
+    path: String,
+    priority: String,
+    expires: String,
 }
 
 /// Appends the headers of `from` a forwarded SEND keeps: the first occurrence of each, less
 /// what the source broker set for the delivery and the exactly-once and network headers the
 /// forwarding replaces.
-fn push_passed(to: &mut Vec<(String, String)>, from: &[(String, String)]) {
+fn push_passed<'a>(to: &mut Vec<(&'a str, &'a str)>, from: &'a [(String, String)]) {
     const DROPPED: &[&str] = &[
         "destination",
         "message-id",
@@ -184,10 +277,10 @@ fn push_passed(to: &mut Vec<(String, String)>, from: &[(String, String)]) {
         PATH_HEADER,
     ];
     for (k, v) in from {
-        if DROPPED.contains(&k.as_str()) || to.iter().any(|(k2, _)| k2 == k) {
+        if DROPPED.contains(&k.as_str()) || to.iter().any(|(k2, _)| *k2 == k) {
             continue;
         }
-        to.push((k.clone(), v.clone()));
+        to.push((k.as_str(), v.as_str()));
     }
 }
 
@@ -215,7 +308,7 @@ mod tests {
             ],
             Bytes::from_static(b"x"),
         );
-        let f = Delivered::Remote(m).forward("/queue/q".into(), "s1", &["A".into(), "B".into()]);
+        let f = Delivered::Remote(m).forward("/queue/q", "s1", &["A".into(), "B".into()]);
         assert_eq!(
             f.headers,
             vec![
@@ -256,7 +349,7 @@ mod tests {
             auto_ack: false,
         });
         assert_eq!(d.destination(), "/queue/q");
-        let f = d.forward(d.destination(), "s2", &["A".into()]);
+        let f = d.forward(&d.destination(), "s2", &["A".into()]);
         assert_eq!(
             f.headers,
             vec![
