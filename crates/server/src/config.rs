@@ -419,7 +419,10 @@ pub struct NetworkConnector {
     /// `decreaseNetworkConsumerPriority`: consumers on this broker are served before the
     /// bridge (by 5 priority points per hop the demand came).
     pub decrease_network_consumer_priority: bool,
-    /// `prefetchSize`: messages in flight per bridge subscription.
+    /// `prefetchSize`: messages in flight per bridge subscription. 4000 by default where
+    /// ActiveMQ has 1000: a bridge holds every message until the remote broker's RECEIPT for its
+    /// batch, so the window must cover the batches in flight (scenario (c) A → B: 99k msg/s
+    /// at 1000, 105k at 4000, median of 5).
     pub prefetch_size: u32,
     /// Always forwarded, consumers on the remote broker or not (`/queue/X`, `/topic/X`,
     /// wildcards allowed).
@@ -446,7 +449,7 @@ impl Default for NetworkConnector {
             duplex: false,
             conduit_subscriptions: true,
             decrease_network_consumer_priority: false,
-            prefetch_size: 1000,
+            prefetch_size: 4000,
             statically_included_destinations: Vec::new(),
             dynamically_included_destinations: Vec::new(),
             excluded_destinations: Vec::new(),

@@ -401,12 +401,16 @@ fn strip_cr(line: &[u8]) -> &[u8] {
 /// Splits `len` body bytes and the NUL after them off `src`.
 fn split_body(src: &mut BytesMut, len: usize) -> Bytes {
     debug_assert_eq!(src[len], 0, "body must be followed by its NUL");
+    // A copy of exactly the body, not a slice of the read buffer: a slice would keep the
+    // whole buffer allocation alive for as long as the message lives (a queued 64 KiB body
+    // held the 128 KiB buffer it arrived in, and the next frame's start with it), and the
+    // buffer could never be reused for the next read.
     let body = if len == 0 {
         Bytes::new()
     } else {
-        src.split_to(len).freeze()
+        Bytes::copy_from_slice(&src[..len])
     };
-    src.advance(1);
+    src.advance(len + 1);
     body
 }
 
@@ -897,13 +901,21 @@ mod tests {
     }
 
     #[test]
-    fn body_is_split_without_copying() {
+    fn a_body_owns_its_bytes_and_leaves_the_read_buffer_reusable() {
         let mut c = codec(Version::V1_2);
-        let mut buf = BytesMut::from(&b"SEND\n\nhello\0"[..]);
-        let body_ptr = buf[6..].as_ptr();
+        let mut buf = BytesMut::with_capacity(64);
+        buf.extend_from_slice(b"SEND\n\nhello\0");
+        let capacity = buf.capacity();
         let Some(Item::Frame(f)) = c.decode(&mut buf).unwrap() else {
             panic!()
         };
-        assert_eq!(f.body.as_ptr(), body_ptr);
+        assert_eq!(&f.body[..], b"hello");
+        // Nothing else holds the buffer's allocation, so it takes the next read in place
+        // while the message lives on.
+        assert!(
+            buf.try_reclaim(capacity),
+            "the body still pins the read buffer"
+        );
+        assert_eq!(&f.body[..], b"hello");
     }
 }
