@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::core::{CoreMsg, Outbound};
 use crate::net::{Accepted, ReadHalf, WriteHalf};
 use crate::network::headers::{BROKER_HEADER, DEMAND_HEADER, ORIGIN_HEADER, PENALTY_HEADER};
+use crate::send_window::SendWindow;
 use futures::{SinkExt, StreamExt};
 use haven_engine::selector::Selector;
 use haven_engine::{
@@ -325,6 +326,9 @@ async fn run(
     // Producer flow control: the core holds this connection's SENDs back and asked us to stop
     // reading, so TCP pushes back on the client.
     let mut paused = false;
+    // SEND bytes handed to the core and not yet taken off its queue: reading stops while the
+    // window is full (`send_window.rs`).
+    let window = Arc::new(SendWindow::default());
     let far = Duration::from_secs(86_400 * 365);
     let send_every = if s.send_ms > 0 {
         Duration::from_millis(s.send_ms)
@@ -428,7 +432,11 @@ async fn run(
                 }
                 if done { break; }
             }
-            item = reader.next(), if reading && !paused => {
+            () = window.reopened(), if window.is_full() => {
+                // Its heart-beats waited in the socket too.
+                read_deadline = Instant::now() + recv_grace;
+            }
+            item = reader.next(), if reading && !paused && !window.is_full() => {
                 read_deadline = Instant::now() + recv_grace;
                 match item {
                     None => {
@@ -444,13 +452,13 @@ async fn run(
                     Some(Ok(Item::Frame(frame))) => {
                         let disconnect = frame.command == Cmd::Disconnect;
                         let msg = match translate(conn, &frame, s.version, shared) {
-                            Ok(cmd) => CoreMsg::Command(cmd),
+                            Ok(cmd) => with_credit(&window, cmd),
                             Err(Refusal::Composite(cmds)) => {
                                 // One SEND to several destinations: one command each, in order;
                                 // only the last carries the receipt.
                                 let mut failed = false;
                                 for cmd in cmds {
-                                    if core.send(CoreMsg::Command(cmd)).await.is_err() { failed = true; break; }
+                                    if core.send(with_credit(&window, cmd)).await.is_err() { failed = true; break; }
                                 }
                                 if failed { break; }
                                 continue;
@@ -474,7 +482,7 @@ async fn run(
                 if !within(wt, writer.send(Item::Heartbeat)).await { break; }
                 last_write = Instant::now();
             }
-            _ = sleep_until(read_deadline), if reading && !paused => {
+            _ = sleep_until(read_deadline), if reading && !paused && !window.is_full() => {
                 reading = false;
                 let message = format!("no frame or heart-beat for {} ms; closing", recv_grace.as_millis());
                 let _ = core.send(CoreMsg::Fail { conn, message, receipt: None }).await;
@@ -522,6 +530,17 @@ fn producer_id(id: &str) -> Result<String, String> {
 /// SEND with the same origin is answered and not stored. Bridges set it to the store and
 /// message id the message had on the broker it came from. Judged like a producer of its own
 /// whose only sequence number is 1 (see the engine's `NETWORK_ORIGIN_PREFIX`).
+/// `cmd` for the core's queue: a SEND with its body's bytes in `window`.
+fn with_credit(window: &Arc<SendWindow>, cmd: Command) -> CoreMsg {
+    match &cmd {
+        Command::Send { message, .. } => {
+            let credit = window.take(message.body.len());
+            CoreMsg::Send(cmd, credit)
+        }
+        _ => CoreMsg::Command(cmd),
+    }
+}
+
 fn origin_seq(frame: &Frame) -> Result<Option<ProducerSeq>, String> {
     let Some(origin) = frame.header(ORIGIN_HEADER) else {
         return Ok(None);

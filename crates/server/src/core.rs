@@ -12,6 +12,7 @@
 //! prefetch credit (deliveries) and by each client's own requests (receipts).
 
 use crate::error::ServerError;
+use crate::send_window::SendCredit;
 use haven_engine::hash::HashMap;
 use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
 use haven_journal::{JournalFailure, Lsn};
@@ -59,6 +60,9 @@ pub(crate) enum CoreMsg {
         reply: ConnectReply,
     },
     Command(Command),
+    /// A client connection's SEND with its bytes in the connection's window
+    /// (`send_window.rs`), given back as the core takes it off the queue.
+    Send(Command, SendCredit),
     /// The connection broke a protocol rule: ERROR (after what is already queued for it),
     /// then close.
     Fail {
@@ -90,6 +94,19 @@ const UNSYNCED_BYTES_MAX: u64 = 16 * 1024 * 1024;
 /// socket is no longer read (the client then blocks on TCP).
 const PARKED_COMMANDS_MAX: usize = 1_000;
 
+/// The same bound in message body bytes: 4 MiB. Counted in commands alone, a producer of
+/// 64 KiB messages with many RECEIPTs outstanding had 1,000 SENDs (64 MiB) parked before its
+/// socket stopped being read, outside every memory bound (scenario (f), BENCHMARKS.md).
+const PARKED_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Body bytes `cmd` holds while parked.
+fn parked_bytes(cmd: &Command) -> usize {
+    match cmd {
+        Command::Send { message, .. } => message.body.len(),
+        _ => 0,
+    }
+}
+
 /// Limits the core enforces itself (the engine enforces the per-destination ones).
 #[derive(Clone, Debug)]
 pub(crate) struct CoreLimits {
@@ -107,6 +124,8 @@ pub(crate) struct CoreLimits {
 /// A connection whose SEND waits for a limit, with every later command it sent (in order).
 struct Parked {
     cmds: VecDeque<Command>,
+    /// Body bytes of `cmds` (`parked_bytes`).
+    bytes: usize,
     /// When the SEND at the front was first held back.
     since: Instant,
     paused: bool,
@@ -361,6 +380,12 @@ impl Core {
 
     fn on_msg(&mut self, msg: CoreMsg) {
         match msg {
+            CoreMsg::Send(cmd, credit) => {
+                // Off the queue: from here the core's own bounds hold it (parked bytes,
+                // unsynced bytes, memory).
+                drop(credit);
+                self.on_msg(CoreMsg::Command(cmd));
+            }
             CoreMsg::Connect {
                 conn,
                 client_id,
@@ -409,8 +434,11 @@ impl Core {
                             // RECEIPT says every earlier frame was handled.)
                             self.parked.remove(&conn);
                         } else {
+                            p.bytes += parked_bytes(&cmd);
                             p.cmds.push_back(cmd);
-                            if p.cmds.len() >= PARKED_COMMANDS_MAX && !p.paused {
+                            let full =
+                                p.cmds.len() >= PARKED_COMMANDS_MAX || p.bytes >= PARKED_BYTES_MAX;
+                            if full && !p.paused {
                                 p.paused = true;
                                 self.send(conn, Outbound::Pause);
                             }
@@ -420,6 +448,7 @@ impl Core {
                 } else if let Some(reason) = self.held_back(&cmd) {
                     tracing::warn!(conn, %reason, "producer flow control: SEND held back");
                     let parked = Parked {
+                        bytes: parked_bytes(&cmd),
                         cmds: VecDeque::from([cmd]),
                         since: Instant::now(),
                         paused: false,
@@ -491,6 +520,7 @@ impl Core {
                 }
                 let p = self.parked.get_mut(&conn).expect("present");
                 let cmd = p.cmds.pop_front().expect("front exists");
+                p.bytes -= parked_bytes(&cmd);
                 p.since = Instant::now();
                 self.apply(cmd);
             }

@@ -14,6 +14,7 @@ mod lock;
 pub mod log;
 pub mod net;
 pub mod network;
+mod send_window;
 mod shared_fs;
 mod store_id;
 
