@@ -417,7 +417,8 @@ impl Connection {
     // ----- batches -------------------------------------------------------------------------
 
     /// An empty batch in this connection's negotiated version: frames encoded from borrowed
-    /// parts into one buffer and queued as one write by [`Connection::send_batch`]. For a
+    /// parts into one buffer and queued as one write by
+    /// [`Connection::send_batch_with_receipt`]. For a
     /// caller that sends many frames at once (a network bridge forwarding what arrived
     /// together): no `Frame` is built per message, and the writer is handed one buffer.
     /// `capacity_bytes` is the caller's estimate of the encoded size (the buffer grows past
@@ -430,14 +431,6 @@ impl Connection {
             buf: BytesMut::with_capacity(capacity_bytes),
             frames: 0,
         }
-    }
-
-    /// Queues `batch` as one write.
-    pub async fn send_batch(&self, batch: FrameBatch) -> Result<()> {
-        if batch.frames == 0 {
-            return Ok(());
-        }
-        self.push(batch.buf.freeze()).await
     }
 
     /// Adds one last frame to `batch` carrying a fresh `receipt` header, queues the batch as

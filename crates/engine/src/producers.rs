@@ -151,14 +151,8 @@ impl Producers {
                 assert!(old.lsn < new.lsn, "producer mark logged out of order");
                 released.push((old.lsn, p.id.clone()));
             }
-            if p.seen_ms != now_ms {
-                let found = self.by_seen.remove(&(p.seen_ms, p.id.clone()));
-                assert!(found, "producer {id} missing from the idle index");
-                self.by_seen.insert((now_ms, p.id.clone()));
-            }
-            p.hwm = seq;
-            p.seen_ms = now_ms;
-            p.durable = new_durable.or(p.durable);
+            let durable = new_durable.or(p.durable);
+            update(&mut self.by_seen, p, seq, now_ms, durable);
             return (p.id.clone(), released);
         }
         // The common case for network origins: a new one (one per forwarded message).
@@ -180,18 +174,7 @@ impl Producers {
             if let Some(d) = p.durable {
                 released.push((d.lsn, p.id.clone()));
             }
-            if p.seen_ms != mark.seen_ms {
-                let found = self.by_seen.remove(&(p.seen_ms, p.id.clone()));
-                assert!(
-                    found,
-                    "producer {} missing from the idle index",
-                    mark.producer
-                );
-                self.by_seen.insert((mark.seen_ms, p.id.clone()));
-            }
-            p.hwm = mark.seq;
-            p.seen_ms = mark.seen_ms;
-            p.durable = durable;
+            update(&mut self.by_seen, p, mark.seq, mark.seen_ms, durable);
             return (p.id.clone(), released);
         }
         let id = self.insert_new(
@@ -354,6 +337,25 @@ impl Producers {
             }
         }
     }
+}
+
+/// Sets known producer `p`'s mark, moving it in the idle index `by_seen` only when the time
+/// moved (many SENDs share a millisecond).
+fn update(
+    by_seen: &mut BTreeSet<(u64, Id)>,
+    p: &mut Producer,
+    hwm: u64,
+    seen_ms: u64,
+    durable: Option<Durable>,
+) {
+    if p.seen_ms != seen_ms {
+        let found = by_seen.remove(&(p.seen_ms, p.id.clone()));
+        assert!(found, "producer {} missing from the idle index", p.id);
+        by_seen.insert((seen_ms, p.id.clone()));
+    }
+    p.hwm = hwm;
+    p.seen_ms = seen_ms;
+    p.durable = durable;
 }
 
 #[cfg(test)]

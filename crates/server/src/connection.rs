@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::core::{CoreMsg, Outbound};
 use crate::net::{Accepted, ReadHalf, WriteHalf};
 use crate::network::headers::{BROKER_HEADER, DEMAND_HEADER, ORIGIN_HEADER, PENALTY_HEADER};
-use crate::send_window::SendWindow;
+use crate::send_window::{send_body_bytes, SendWindow};
 use futures::{SinkExt, StreamExt};
 use haven_engine::selector::Selector;
 use haven_engine::{
@@ -526,21 +526,21 @@ fn producer_id(id: &str) -> Result<String, String> {
     Ok(id.to_string())
 }
 
+/// `cmd` for the core's queue: a SEND with its body's bytes in `window`.
+fn with_credit(window: &Arc<SendWindow>, cmd: Command) -> CoreMsg {
+    match send_body_bytes(&cmd) {
+        Some(bytes) => {
+            let credit = window.take(bytes);
+            CoreMsg::Send(cmd, credit)
+        }
+        None => CoreMsg::Command(cmd),
+    }
+}
+
 /// `haven-net-origin`: names one message for duplicate detection, whoever sends it; a second
 /// SEND with the same origin is answered and not stored. Bridges set it to the store and
 /// message id the message had on the broker it came from. Judged like a producer of its own
 /// whose only sequence number is 1 (see the engine's `NETWORK_ORIGIN_PREFIX`).
-/// `cmd` for the core's queue: a SEND with its body's bytes in `window`.
-fn with_credit(window: &Arc<SendWindow>, cmd: Command) -> CoreMsg {
-    match &cmd {
-        Command::Send { message, .. } => {
-            let credit = window.take(message.body.len());
-            CoreMsg::Send(cmd, credit)
-        }
-        _ => CoreMsg::Command(cmd),
-    }
-}
-
 fn origin_seq(frame: &Frame) -> Result<Option<ProducerSeq>, String> {
     let Some(origin) = frame.header(ORIGIN_HEADER) else {
         return Ok(None);

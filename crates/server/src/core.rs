@@ -12,7 +12,7 @@
 //! prefetch credit (deliveries) and by each client's own requests (receipts).
 
 use crate::error::ServerError;
-use crate::send_window::SendCredit;
+use crate::send_window::{send_body_bytes, SendCredit};
 use haven_engine::hash::HashMap;
 use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
 use haven_journal::{JournalFailure, Lsn};
@@ -101,10 +101,7 @@ const PARKED_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// Body bytes `cmd` holds while parked.
 fn parked_bytes(cmd: &Command) -> usize {
-    match cmd {
-        Command::Send { message, .. } => message.body.len(),
-        _ => 0,
-    }
+    send_body_bytes(cmd).unwrap_or(0)
 }
 
 /// Limits the core enforces itself (the engine enforces the per-destination ones).

@@ -13,6 +13,7 @@
 //! Each SEND travels with a [`SendCredit`] for its bytes, released (dropped) as the core takes
 //! it off the queue, so nothing is counted twice and nothing leaks when the core is gone.
 
+use haven_engine::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -20,6 +21,15 @@ use tokio::sync::Notify;
 /// SEND body bytes one connection may have queued for the core: 8 MiB. 1 KiB producers never
 /// reach it (the bench's 1,600 SENDs in flight are 1.6 MiB); 64 KiB ones stop at 128.
 pub(crate) const SEND_WINDOW_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// The body bytes of `cmd` if it is a SEND: what the window (and the core's parked-SEND bound)
+/// counts.
+pub(crate) fn send_body_bytes(cmd: &Command) -> Option<usize> {
+    match cmd {
+        Command::Send { message, .. } => Some(message.body.len()),
+        _ => None,
+    }
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct SendWindow {

@@ -398,7 +398,7 @@ fn strip_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// Splits `len` body bytes and the NUL after them off `src`.
+/// Takes `len` body bytes and the NUL after them off `src`, the body as a copy of its own.
 fn split_body(src: &mut BytesMut, len: usize) -> Bytes {
     debug_assert_eq!(src[len], 0, "body must be followed by its NUL");
     // A copy of exactly the body, not a slice of the read buffer: a slice would keep the

@@ -4,6 +4,7 @@
 
 use super::headers::{ORIGIN_HEADER, PATH_HEADER};
 use super::local::{self, LocalConn};
+use super::path;
 use haven_client::{AckMode, ClientError, Command, Connection, Frame, Message, Subscription};
 use haven_engine::Delivery;
 use std::borrow::Cow;
@@ -205,12 +206,7 @@ impl Delivered {
             }
         };
         write!(scratch.origin, "{origin_store}/{id}").expect("writing to a String");
-        for (i, hop) in next_path.iter().enumerate() {
-            if i > 0 {
-                scratch.path.push(',');
-            }
-            scratch.path.push_str(hop);
-        }
+        path::format_into(next_path, &mut scratch.path);
         let scratch: &'a ForwardScratch = scratch;
         let mut headers: Vec<(&'a str, &'a str)>;
         match self {

@@ -35,7 +35,19 @@ pub fn parse(text: &str) -> Option<Vec<String>> {
 }
 
 pub fn format(path: &[String]) -> String {
-    path.join(",")
+    let mut text = String::new();
+    format_into(path, &mut text);
+    text
+}
+
+/// `[A, B, C]` → `A,B,C`, appended to `text` (a bridge reuses one buffer for every message).
+pub fn format_into(path: &[String], text: &mut String) {
+    for (i, hop) in path.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(hop);
+    }
 }
 
 /// What a bridge does with one message it was given to forward.
