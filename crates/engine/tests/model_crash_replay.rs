@@ -1948,3 +1948,26 @@ fn the_dead_letter_mark_survives_compaction_and_restart() {
     h.crash_and_recover();
     assert_eq!(h.engine.durable_contents(), contents);
 }
+
+proptest! {
+    #![proptest_config(model_config(256))]
+
+    /// Paging and a byte window at once: waiting messages are paged out while subscriptions
+    /// are held back by bytes, so a page-in must happen when an acknowledgement opens the
+    /// window (not only when a message arrives).
+    #[test]
+    fn paging_with_a_one_message_byte_window_keeps_the_model(
+        ops in proptest::collection::vec(op(), 1..200)
+    ) {
+        run_model(Model::with_window(Some(PAGING_MEMORY_BYTES_MAX), 1), &ops);
+    }
+
+    /// Paging with a window of a few messages' bytes: what opens is partial, and a
+    /// subscription may be over the window by one message.
+    #[test]
+    fn paging_with_a_few_messages_byte_window_keeps_the_model(
+        ops in proptest::collection::vec(op(), 1..200)
+    ) {
+        run_model(Model::with_window(Some(PAGING_MEMORY_BYTES_MAX), 250), &ops);
+    }
+}
