@@ -198,6 +198,11 @@ pub struct Engine {
     durable_lsn: u64,
     /// Queues with paged (cold or tail) messages.
     paging_queues: BTreeSet<QueueId>,
+    /// Paging queues whose page-in stopped at a message compaction re-logged, whose new
+    /// record (this LSN) was not durable yet: nothing else may come to dispatch them (the
+    /// consumers have emptied the window, the producers may have stopped), so once it is
+    /// durable `set_durable_lsn` asks the caller for `resume_page_ins`.
+    page_ins_waiting: BTreeMap<QueueId, u64>,
     paged_in_total: u64,
     /// A paging failure the caller must stop for.
     fatal: Option<String>,
@@ -249,6 +254,7 @@ impl Engine {
             loader: None,
             durable_lsn: 0,
             paging_queues: BTreeSet::new(),
+            page_ins_waiting: BTreeMap::new(),
             paged_in_total: 0,
             fatal: None,
             replaying: false,
@@ -1601,6 +1607,8 @@ impl Engine {
             }
         }
         self.fire_due();
+        // A safety net: the caller resumes page-ins as soon as their records are durable.
+        self.take_resumable_page_ins();
         let released = self.producers.forget_idle(ctx.now_ms);
         self.release_producers(released);
         let released = self.origins.forget_idle(ctx.now_ms);
@@ -2068,6 +2076,7 @@ impl Engine {
         self.free_queue_ids.push(q);
         self.to_dispatch.remove(&q);
         self.paging_queues.remove(&q);
+        self.page_ins_waiting.remove(&q);
         queue
     }
 

@@ -17,7 +17,8 @@
 //! be read back). Without a loader nothing is paged. A read failure is fatal
 //! ([`Engine::take_fatal`]): a record the log acknowledged cannot be read back.
 
-use super::{Engine, Stored};
+use super::{Ctx, Engine, Stored};
+use crate::effect::Output;
 use crate::live::LiveObject;
 use crate::message::Message;
 use crate::queue::{ColdRef, Entry, Paged, QueueId, TailEntry};
@@ -78,10 +79,46 @@ impl Engine {
     /// Every record below `lsn` is durable (readable back): tail messages whose record now is
     /// leave memory at once (this emits nothing, so it needs no call context). This is the
     /// only place tails are paged out: once per sync batch, not per command.
-    pub fn set_durable_lsn(&mut self, lsn: u64) {
+    ///
+    /// Returns whether a queue's page-in waited for a record that is now durable: the caller
+    /// must then call [`Engine::resume_page_ins`], or its messages wait for the next command
+    /// that happens to dispatch the queue (with idle producers, none may come).
+    #[must_use]
+    pub fn set_durable_lsn(&mut self, lsn: u64) -> bool {
         self.durable_lsn = self.durable_lsn.max(lsn);
         if !self.paging_queues.is_empty() {
             self.page_out_tails();
+        }
+        self.page_ins_waiting
+            .values()
+            .any(|&waited| waited < self.durable_lsn)
+    }
+
+    /// Dispatches the queues whose page-in waited for a record that is now durable (see
+    /// [`Engine::set_durable_lsn`]).
+    pub fn resume_page_ins(&mut self, ctx: Ctx, out: &mut Vec<Output>) {
+        assert!(self.out.is_empty() && self.removes.is_empty() && self.to_dispatch.is_empty());
+        self.lsn = ctx.next_lsn;
+        self.now_ms = ctx.now_ms;
+        self.take_resumable_page_ins();
+        self.finish();
+        out.append(&mut self.out);
+    }
+
+    /// Moves the waiting page-ins whose record is durable to the call's dispatch set.
+    pub(super) fn take_resumable_page_ins(&mut self) {
+        let durable = self.durable_lsn;
+        let due: Vec<QueueId> = self
+            .page_ins_waiting
+            .iter()
+            .filter(|&(_, &waited)| waited < durable)
+            .map(|(&q, _)| q)
+            .collect();
+        for q in due {
+            self.page_ins_waiting.remove(&q);
+            if self.queues.get(q).is_some_and(Option::is_some) {
+                self.to_dispatch.insert(q);
+            }
         }
     }
 
@@ -250,7 +287,9 @@ impl Engine {
                 }
                 Some(Paged::Cold(seq, cref)) => {
                     if cref.lsn >= self.durable_lsn {
-                        break; // relocated and not yet durable: read it next time
+                        // Relocated and not yet durable: read it once it is.
+                        self.page_ins_waiting.insert(q, cref.lsn);
+                        break;
                     }
                     let loader = self.loader.as_mut().expect("cold messages need a loader");
                     let msg = match loader.load(cref.lsn, seq) {

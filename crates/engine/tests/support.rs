@@ -32,8 +32,12 @@ pub struct Harness {
     pub next_lsn: u64,
     pub now_ms: u64,
     pub cfg: EngineConfig,
-    /// With paging: the loader's view of the log (every appended record is durable at once).
+    /// With paging: the loader's view of the log (every appended record is durable at once,
+    /// unless `hold_durability`).
     disk: Option<Disk>,
+    /// Appended records stay not yet durable until `release_durability`, as they are between
+    /// a server's append and its fdatasync.
+    durability_held: bool,
 }
 
 impl Harness {
@@ -45,6 +49,7 @@ impl Harness {
             now_ms: 1_000,
             cfg,
             disk: None,
+            durability_held: false,
         }
     }
 
@@ -61,8 +66,38 @@ impl Harness {
     fn appended(&mut self, lsn: u64, bytes: &[u8]) {
         if let Some(disk) = &self.disk {
             disk.lock().unwrap().insert(lsn, bytes.to_vec());
-            self.engine.set_durable_lsn(lsn + 1);
+            if !self.durability_held {
+                let resume = self.engine.set_durable_lsn(lsn + 1);
+                // Each record is durable before the next call, so no page-in ever waits.
+                assert!(
+                    !resume,
+                    "a page-in waited although every record was durable"
+                );
+            }
         }
+    }
+
+    /// From now on appended records are not durable (not readable back by paging) until
+    /// `release_durability`: the window between a server's append and its sync.
+    pub fn hold_durability(&mut self) {
+        assert!(self.disk.is_some(), "durability matters only with paging");
+        self.durability_held = true;
+    }
+
+    /// Everything appended is durable now; runs what the server runs then (page-ins that
+    /// waited for it) and returns their effects.
+    pub fn release_durability(&mut self) -> Vec<Effect> {
+        self.durability_held = false;
+        if !self.engine.set_durable_lsn(self.next_lsn) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let ctx = self.ctx();
+        self.engine.resume_page_ins(ctx, &mut out);
+        let effects = self.absorb(out);
+        assert_eq!(self.engine.take_fatal(), None);
+        self.engine.check_invariants();
+        effects
     }
 
     fn truncated(&mut self, keep_from: u64) {
@@ -206,7 +241,8 @@ impl Harness {
         let mut e = Engine::new(self.cfg.clone());
         if let Some(disk) = &self.disk {
             e.set_loader(Box::new(DiskLoader(disk.clone())));
-            e.set_durable_lsn(self.next_lsn);
+            let resume = e.set_durable_lsn(self.next_lsn);
+            assert!(!resume, "nothing consumed before recovery");
         }
         for (lsn, bytes) in &self.log {
             e.replay(*lsn, Record::decode(bytes).unwrap()).unwrap();

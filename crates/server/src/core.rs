@@ -224,7 +224,8 @@ impl Core {
         lost: Option<watch::Receiver<Option<String>>>,
     ) -> Core {
         let durable = journal.durable_lsn().unwrap_or(0);
-        engine.set_durable_lsn(durable + 1);
+        let resume = engine.set_durable_lsn(durable + 1);
+        assert!(!resume, "no page-in waits before anyone consumed");
         Core {
             engine,
             journal,
@@ -272,7 +273,7 @@ impl Core {
                     }
                     let state: Result<Lsn, JournalFailure> = durable_rx.borrow_and_update().clone();
                     match state {
-                        Ok(lsn) => self.release(lsn),
+                        Ok(lsn) => self.durable_advanced(lsn),
                         Err(f) => break Err(ServerError::JournalFailed(f.to_string())),
                     }
                 }
@@ -629,10 +630,22 @@ impl Core {
         }
     }
 
-    fn release(&mut self, durable: Lsn) {
+    /// The journal made everything up to `durable` durable.
+    fn durable_advanced(&mut self, durable: Lsn) {
+        if self.release(durable) {
+            let ctx = self.ctx();
+            self.engine.resume_page_ins(ctx, &mut self.out);
+            self.absorb();
+        }
+    }
+
+    /// Everything up to `durable` is on disk: answers what waited for it. Returns whether a
+    /// page-in waited for it too (the caller resumes them: `Engine::resume_page_ins`).
+    #[must_use]
+    fn release(&mut self, durable: Lsn) -> bool {
         assert!(durable >= self.durable, "durable LSN went backwards");
         self.durable = durable;
-        self.engine.set_durable_lsn(durable + 1);
+        let resume = self.engine.set_durable_lsn(durable + 1);
         while let Some(&(lsn, bytes)) = self.appended_marks.front() {
             if lsn > durable {
                 break;
@@ -656,6 +669,7 @@ impl Core {
             let (_, reply, hwm) = self.gated_replies.pop_front().expect("front exists");
             let _ = reply.send(Ok(hwm));
         }
+        resume
     }
 
     /// Sets `disk_block` from the journal's size and the file system's free space; logs when
@@ -802,7 +816,7 @@ mod tests {
         loop {
             let d = core.journal.durable_lsn().unwrap();
             if d >= want {
-                core.release(d);
+                core.durable_advanced(d);
                 return;
             }
             std::thread::sleep(Duration::from_millis(1));
