@@ -117,10 +117,8 @@ pub struct DeliveryConfig {
     pub prefetch_max: u32,
     /// Bytes of unacknowledged messages per subscription, besides the prefetch count (like
     /// Artemis's `consumerWindowSize`, 1 MiB there): large messages fill it before the count
-    /// does. 64 MiB by default: 16 MiB lowered (f)'s peak RSS by about 55 MiB, but with it
-    /// `bridge_killed_under_load_nothing_lost_or_doubled` (crates/cli/tests/network.rs) left
-    /// tens of thousands of messages undelivered on the paging receiving broker in 3 runs of
-    /// 4, and passed 4 of 4 at 64 MiB. Not understood yet (docs/PERFORMANCE.md).
+    /// does. 64 MiB by default: smaller windows cost 64 KiB messages 10–25% of their rate and
+    /// saved only 40–60 MiB of peak RSS (docs/PERFORMANCE.md, "Memory with large messages").
     pub prefetch_bytes_max: u64,
     pub topic_subscriber_pending_max: usize,
     /// Most messages a browsing subscription (`browser:true`) is sent.
