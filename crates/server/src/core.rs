@@ -87,8 +87,11 @@ const UNSYNCED_RECORDS_MAX: u64 = 50_000;
 
 /// Record bytes appended but not yet durable beyond which the core stops taking commands:
 /// bounds the journal's buffers and the messages held in memory until their record is durable
-/// (a deep backlog's new arrivals), whatever the message size.
-const UNSYNCED_BYTES_MAX: u64 = 16 * 1024 * 1024;
+/// (a deep backlog's new arrivals), whatever the message size. 8 MiB (was 16): with 64 KiB
+/// messages the producer is held to the disk's pace before its backlog pages out, and
+/// scenario (f) ran 15–20% faster on a quarter less CPU; 1 KiB scenarios within their spread
+/// (docs/PERFORMANCE.md, "Memory with large messages").
+const UNSYNCED_BYTES_MAX: u64 = 8 * 1024 * 1024;
 
 /// Commands of one held-back connection queued behind its waiting SEND, beyond which its
 /// socket is no longer read (the client then blocks on TCP).
