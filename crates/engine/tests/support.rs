@@ -91,9 +91,15 @@ impl Harness {
         if !self.engine.set_durable_lsn(self.next_lsn) {
             return Vec::new();
         }
+        self.outside_a_command(Engine::resume_page_ins)
+    }
+
+    /// Runs an engine call that is not a command (a timer, a resumed page-in) as the server
+    /// does: its records appended, its effects returned, the invariants checked.
+    fn outside_a_command(&mut self, call: fn(&mut Engine, Ctx, &mut Vec<Output>)) -> Vec<Effect> {
         let mut out = Vec::new();
         let ctx = self.ctx();
-        self.engine.resume_page_ins(ctx, &mut out);
+        call(&mut self.engine, ctx, &mut out);
         let effects = self.absorb(out);
         assert_eq!(self.engine.take_fatal(), None);
         self.engine.check_invariants();
@@ -300,13 +306,7 @@ impl Harness {
     /// Advances the clock by `ms` and runs the engine's timers (redelivery delays, schedules).
     pub fn tick(&mut self, ms: u64) -> Vec<Effect> {
         self.now_ms += ms;
-        let mut out = Vec::new();
-        let ctx = self.ctx();
-        self.engine.tick(ctx, &mut out);
-        let effects = self.absorb(out);
-        assert_eq!(self.engine.take_fatal(), None);
-        self.engine.check_invariants();
-        effects
+        self.outside_a_command(Engine::tick)
     }
 
     /// What the server's segment deletion does: log a `Checkpoint` of the message numbering
