@@ -1607,8 +1607,6 @@ impl Engine {
             }
         }
         self.fire_due();
-        // A safety net: the caller resumes page-ins as soon as their records are durable.
-        self.take_resumable_page_ins();
         let released = self.producers.forget_idle(ctx.now_ms);
         self.release_producers(released);
         let released = self.origins.forget_idle(ctx.now_ms);

@@ -105,21 +105,18 @@ impl Engine {
         out.append(&mut self.out);
     }
 
-    /// Moves the waiting page-ins whose record is durable to the call's dispatch set.
-    pub(super) fn take_resumable_page_ins(&mut self) {
+    /// Moves the waiting page-ins whose record is durable to the call's dispatch set (a
+    /// removed queue's entry went with it: `remove_queue`).
+    fn take_resumable_page_ins(&mut self) {
         let durable = self.durable_lsn;
-        let due: Vec<QueueId> = self
-            .page_ins_waiting
-            .iter()
-            .filter(|&(_, &waited)| waited < durable)
-            .map(|(&q, _)| q)
-            .collect();
-        for q in due {
-            self.page_ins_waiting.remove(&q);
-            if self.queues.get(q).is_some_and(Option::is_some) {
-                self.to_dispatch.insert(q);
+        let to_dispatch = &mut self.to_dispatch;
+        self.page_ins_waiting.retain(|&q, &mut waited| {
+            let due = waited < durable;
+            if due {
+                to_dispatch.insert(q);
             }
-        }
+            !due
+        });
     }
 
     /// A fatal error met while paging (the log could not give a message back).

@@ -490,8 +490,7 @@ impl Recorder {
 
     /// Receives until nothing its history is owed is missing and nothing more came for
     /// [`QUIET_MS`] (giving up when nothing came for [`DRAIN_STALL_MS`]), then disconnects;
-    /// returns the ids it
-    /// recorded.
+    /// returns the ids it recorded.
     pub async fn drain(self) -> Vec<String> {
         self.mode.store(DRAIN, Ordering::Relaxed);
         self.finish().await.0
