@@ -22,7 +22,8 @@ use crate::error::EngineError;
 use crate::hash::{HashMap, IdMap};
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
-use crate::producers::{is_network_origin, ProducerStats, Producers, Released};
+use crate::origins::Origins;
+use crate::producers::{is_network_origin, MarkTable, ProducerStats, Producers, Released};
 use crate::queue::{ColdRef, Entry, InFlight, Queue, QueueId};
 use crate::record::{ProducerMark, Record};
 use crate::selector::{message_lookup, Selector};
@@ -218,7 +219,7 @@ pub struct Engine {
     /// message a bridge forwarded here, `seq` 1): own limits, no owners. Every use of a mark
     /// goes through `table`, which picks the table by the id's prefix; live objects and
     /// records name the id, so both tables share them.
-    origins: Producers,
+    origins: Origins,
     /// Active consumers per destination, for consumer advisories.
     advisories: ConsumerAdvisories,
 }
@@ -226,7 +227,7 @@ pub struct Engine {
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
         let producers = Producers::new(cfg.producer_idle_ms_max, cfg.producers_max);
-        let origins = Producers::new(cfg.network_origin_idle_ms_max, cfg.network_origins_max);
+        let origins = Origins::new(cfg.network_origin_idle_ms_max, cfg.network_origins_max);
         Engine {
             producers,
             origins,
@@ -526,7 +527,7 @@ impl Engine {
 
     /// The table that judges producer `id`: network origins have their own, so a bridge's
     /// traffic neither evicts applications' marks nor is bound by their limits.
-    fn table(&mut self, id: &str) -> &mut Producers {
+    fn table(&mut self, id: &str) -> &mut dyn MarkTable {
         if is_network_origin(id) {
             &mut self.origins
         } else {
@@ -535,7 +536,7 @@ impl Engine {
     }
 
     /// `table`, to read.
-    fn table_of(&self, id: &str) -> &Producers {
+    fn table_of(&self, id: &str) -> &dyn MarkTable {
         if is_network_origin(id) {
             &self.origins
         } else {
@@ -551,14 +552,14 @@ impl Engine {
             .table(&p.producer)
             .accept(&p.producer, p.seq, now_ms, lsn);
         self.release_producers(released);
-        if let Some(lsn) = lsn {
+        if let (Some(lsn), Some(id)) = (lsn, id) {
             self.live.insert(lsn, LiveObject::Producer(id));
         }
     }
 
     fn release_producers(&mut self, released: Released) {
-        for (lsn, id) in released {
-            self.live.remove(lsn, &LiveObject::Producer(id));
+        for lsn in released {
+            self.live.remove_producer_at(lsn);
         }
     }
 
@@ -2449,6 +2450,7 @@ impl Engine {
     fn replay_producer(&mut self, mark: &ProducerMark, lsn: u64) {
         let (id, released) = self.table(&mark.producer).replay(mark, lsn);
         self.release_producers(released);
+        let id = id.expect("a replayed mark is logged");
         self.live.insert(lsn, LiveObject::Producer(id));
     }
 
@@ -2791,20 +2793,18 @@ impl Engine {
         );
         self.producers.check_invariants();
         self.origins.check_invariants();
+        let origins = self.origins.durable_lsns();
         let marks: BTreeSet<(u64, String)> = self
             .producers
             .durable_lsns()
-            .chain(self.origins.durable_lsns())
             .map(|(lsn, id)| (lsn, id.to_string()))
+            .chain(origins.iter().cloned())
             .collect();
         assert!(
             self.producers
                 .durable_lsns()
                 .all(|(_, id)| !is_network_origin(id))
-                && self
-                    .origins
-                    .durable_lsns()
-                    .all(|(_, id)| is_network_origin(id)),
+                && origins.iter().all(|(_, id)| is_network_origin(id)),
             "a mark in the wrong producer table"
         );
         assert_eq!(marks, self.live.producers(), "producer marks not live");

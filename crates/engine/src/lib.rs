@@ -25,6 +25,7 @@ mod error;
 pub mod hash;
 mod live;
 mod message;
+mod origins;
 mod producers;
 mod queue;
 pub mod record;

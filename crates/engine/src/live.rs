@@ -60,6 +60,13 @@ impl LiveSet {
         assert!(found, "live object {object:?} not at lsn {lsn}");
     }
 
+    /// Removes the producer mark recorded at `lsn`, whoever's it is (a record carries at most
+    /// one): the producer tables name a released mark by its LSN alone.
+    pub fn remove_producer_at(&mut self, lsn: u64) {
+        let found = self.producers.remove(&lsn);
+        assert!(found.is_some(), "no live producer mark at lsn {lsn}");
+    }
+
     /// Removes the mark of producer `id` recorded at `lsn`; false if there is none.
     fn remove_producer(&mut self, lsn: u64, id: &Id) -> bool {
         match self.producers.get(&lsn) {

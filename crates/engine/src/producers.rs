@@ -83,9 +83,42 @@ pub struct ProducerStats {
     pub forgotten_total: u64,
 }
 
-/// A durable mark that stopped being live: the caller removes `(lsn, producer)` from its live
-/// set.
-pub(crate) type Released = Vec<(u64, Id)>;
+/// Durable marks that stopped being live: the caller removes the producer mark at each LSN
+/// from its live set (a record carries at most one).
+pub(crate) type Released = Vec<u64>;
+
+/// What the engine asks of a table of sequence marks, whichever ids it holds: applications'
+/// producers (`Producers`) or network origins (`crate::origins::Origins`).
+pub(crate) trait MarkTable {
+    /// The high-water mark of `id`; 0 if unknown (sequences start at 1).
+    fn hwm(&self, id: &str) -> u64;
+
+    fn is_duplicate(&self, id: &str, seq: u64) -> bool;
+
+    fn count_duplicate(&mut self);
+
+    /// A SEND or COMMIT with `(id, seq)` was accepted at `now_ms`; `lsn` is the record that
+    /// carries the mark, or None if nothing was logged (the mark is in memory only). Returns
+    /// the table's id if the mark was logged (for the caller's live set) and the marks that
+    /// stopped being live.
+    fn accept(
+        &mut self,
+        id: &str,
+        seq: u64,
+        now_ms: u64,
+        lsn: Option<u64>,
+    ) -> (Option<Id>, Released);
+
+    /// Replay: the record at `lsn` says the producer's mark is exactly `mark` (the newest
+    /// record wins). Returns the table's id and the marks no longer live.
+    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Option<Id>, Released);
+
+    /// Compaction: the durable mark of `id`, to be re-logged. None if only in memory.
+    fn durable_mark(&self, id: &str) -> Option<ProducerMark>;
+
+    /// Compaction re-logged the durable mark of `id` at `lsn`; returns the old LSN.
+    fn relogged(&mut self, id: &str, lsn: u64) -> u64;
+}
 
 #[derive(Debug)]
 pub(crate) struct Producers {
@@ -116,96 +149,6 @@ impl Producers {
             duplicates_dropped_total: 0,
             forgotten_total: 0,
         }
-    }
-
-    /// The high-water mark of `id`; 0 if unknown (sequences start at 1).
-    pub fn hwm(&self, id: &str) -> u64 {
-        self.entries.get(id).map_or(0, |p| p.hwm)
-    }
-
-    pub fn is_duplicate(&self, id: &str, seq: u64) -> bool {
-        assert!(seq >= 1, "haven-seq 0 is refused at the edge");
-        seq <= self.hwm(id)
-    }
-
-    pub fn count_duplicate(&mut self) {
-        self.duplicates_dropped_total += 1;
-    }
-
-    /// A SEND or COMMIT with `(id, seq)` was accepted at `now_ms`; `lsn` is the record that
-    /// carries the mark, or None if nothing was logged (the mark is in memory only). Returns
-    /// the table's id (for the caller's live set) and the marks that stopped being live.
-    pub fn accept(&mut self, id: &str, seq: u64, now_ms: u64, lsn: Option<u64>) -> (Id, Released) {
-        let mut released = Vec::new();
-        let new_durable = lsn.map(|lsn| Durable {
-            seq,
-            seen_ms: now_ms,
-            lsn,
-        });
-        // The common case for applications' producers, a known one sending again: update in
-        // place, and touch the idle index only when the time moved (many SENDs share a
-        // millisecond), so a SEND costs no allocation here.
-        if let Some(p) = self.entries.get_mut(id) {
-            assert!(seq > p.hwm, "duplicate accepted");
-            if let (Some(new), Some(old)) = (new_durable, p.durable) {
-                assert!(old.lsn < new.lsn, "producer mark logged out of order");
-                released.push((old.lsn, p.id.clone()));
-            }
-            let durable = new_durable.or(p.durable);
-            update(&mut self.by_seen, p, seq, now_ms, durable);
-            return (p.id.clone(), released);
-        }
-        // The common case for network origins: a new one (one per forwarded message).
-        let id = self.insert_new(id, seq, now_ms, new_durable, &mut released);
-        (id, released)
-    }
-
-    /// Replay: the record at `lsn` says the producer's mark is exactly `mark` (the newest
-    /// record wins; live handling only ever logs a higher mark, or a first one after the
-    /// producer was forgotten). Returns the table's id and the marks no longer live.
-    pub fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Id, Released) {
-        let mut released = Vec::new();
-        let durable = Some(Durable {
-            seq: mark.seq,
-            seen_ms: mark.seen_ms,
-            lsn,
-        });
-        if let Some(p) = self.entries.get_mut(mark.producer.as_str()) {
-            if let Some(d) = p.durable {
-                released.push((d.lsn, p.id.clone()));
-            }
-            update(&mut self.by_seen, p, mark.seq, mark.seen_ms, durable);
-            return (p.id.clone(), released);
-        }
-        let id = self.insert_new(
-            &mark.producer,
-            mark.seq,
-            mark.seen_ms,
-            durable,
-            &mut released,
-        );
-        (id, released)
-    }
-
-    /// Compaction: the durable mark of `id`, to be re-logged. None if only in memory.
-    pub fn durable_mark(&self, id: &str) -> Option<ProducerMark> {
-        let d = self.entries.get(id)?.durable?;
-        Some(ProducerMark {
-            producer: id.to_string(),
-            seq: d.seq,
-            seen_ms: d.seen_ms,
-        })
-    }
-
-    /// Compaction re-logged the durable mark of `id` at `lsn`; returns the old LSN.
-    pub fn relogged(&mut self, id: &str, lsn: u64) -> u64 {
-        let d = self
-            .entries
-            .get_mut(id)
-            .and_then(|p| p.durable.as_mut())
-            .expect("re-logged producer has a durable mark");
-        assert!(d.lsn < lsn, "re-logged below its own record");
-        std::mem::replace(&mut d.lsn, lsn)
     }
 
     /// Forgets every producer whose mark was last raised `idle_ms_max` or more ago.
@@ -255,7 +198,7 @@ impl Producers {
         let found = self.by_seen.remove(&(p.seen_ms, p.id.clone()));
         assert!(found, "producer {id} missing from the idle index");
         if let Some(d) = p.durable {
-            released.push((d.lsn, p.id));
+            released.push(d.lsn);
         }
         self.forgotten_total += 1;
     }
@@ -339,6 +282,103 @@ impl Producers {
     }
 }
 
+impl MarkTable for Producers {
+    /// The high-water mark of `id`; 0 if unknown (sequences start at 1).
+    fn hwm(&self, id: &str) -> u64 {
+        self.entries.get(id).map_or(0, |p| p.hwm)
+    }
+
+    fn is_duplicate(&self, id: &str, seq: u64) -> bool {
+        assert!(seq >= 1, "haven-seq 0 is refused at the edge");
+        seq <= self.hwm(id)
+    }
+
+    fn count_duplicate(&mut self) {
+        self.duplicates_dropped_total += 1;
+    }
+
+    /// A SEND or COMMIT with `(id, seq)` was accepted at `now_ms`; `lsn` is the record that
+    /// carries the mark, or None if nothing was logged (the mark is in memory only). Returns
+    /// the table's id (for the caller's live set) and the marks that stopped being live.
+    fn accept(
+        &mut self,
+        id: &str,
+        seq: u64,
+        now_ms: u64,
+        lsn: Option<u64>,
+    ) -> (Option<Id>, Released) {
+        let mut released = Vec::new();
+        let new_durable = lsn.map(|lsn| Durable {
+            seq,
+            seen_ms: now_ms,
+            lsn,
+        });
+        // The common case for applications' producers, a known one sending again: update in
+        // place, and touch the idle index only when the time moved (many SENDs share a
+        // millisecond), so a SEND costs no allocation here.
+        if let Some(p) = self.entries.get_mut(id) {
+            assert!(seq > p.hwm, "duplicate accepted");
+            if let (Some(new), Some(old)) = (new_durable, p.durable) {
+                assert!(old.lsn < new.lsn, "producer mark logged out of order");
+                released.push(old.lsn);
+            }
+            let durable = new_durable.or(p.durable);
+            update(&mut self.by_seen, p, seq, now_ms, durable);
+            return (lsn.map(|_| p.id.clone()), released);
+        }
+        let id = self.insert_new(id, seq, now_ms, new_durable, &mut released);
+        (lsn.map(|_| id), released)
+    }
+
+    /// Replay: the record at `lsn` says the producer's mark is exactly `mark` (the newest
+    /// record wins; live handling only ever logs a higher mark, or a first one after the
+    /// producer was forgotten). Returns the table's id and the marks no longer live.
+    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Option<Id>, Released) {
+        let mut released = Vec::new();
+        let durable = Some(Durable {
+            seq: mark.seq,
+            seen_ms: mark.seen_ms,
+            lsn,
+        });
+        if let Some(p) = self.entries.get_mut(mark.producer.as_str()) {
+            if let Some(d) = p.durable {
+                released.push(d.lsn);
+            }
+            update(&mut self.by_seen, p, mark.seq, mark.seen_ms, durable);
+            return (Some(p.id.clone()), released);
+        }
+        let id = self.insert_new(
+            &mark.producer,
+            mark.seq,
+            mark.seen_ms,
+            durable,
+            &mut released,
+        );
+        (Some(id), released)
+    }
+
+    /// Compaction: the durable mark of `id`, to be re-logged. None if only in memory.
+    fn durable_mark(&self, id: &str) -> Option<ProducerMark> {
+        let d = self.entries.get(id)?.durable?;
+        Some(ProducerMark {
+            producer: id.to_string(),
+            seq: d.seq,
+            seen_ms: d.seen_ms,
+        })
+    }
+
+    /// Compaction re-logged the durable mark of `id` at `lsn`; returns the old LSN.
+    fn relogged(&mut self, id: &str, lsn: u64) -> u64 {
+        let d = self
+            .entries
+            .get_mut(id)
+            .and_then(|p| p.durable.as_mut())
+            .expect("re-logged producer has a durable mark");
+        assert!(d.lsn < lsn, "re-logged below its own record");
+        std::mem::replace(&mut d.lsn, lsn)
+    }
+}
+
 /// Sets known producer `p`'s mark, moving it in the idle index `by_seen` only when the time
 /// moved (many SENDs share a millisecond).
 fn update(
@@ -362,34 +402,17 @@ fn update(
 mod tests {
     use super::*;
 
-    /// A table's answer with plain strings, to compare.
-    fn plain(released: Released) -> Vec<(u64, String)> {
-        released
-            .into_iter()
-            .map(|(lsn, id)| (lsn, id.to_string()))
-            .collect()
-    }
-
-    fn accept(
-        p: &mut Producers,
-        id: &str,
-        seq: u64,
-        now_ms: u64,
-        lsn: Option<u64>,
-    ) -> Vec<(u64, String)> {
+    fn accept(p: &mut Producers, id: &str, seq: u64, now_ms: u64, lsn: Option<u64>) -> Released {
         let (kept, released) = p.accept(id, seq, now_ms, lsn);
-        assert_eq!(&*kept, id);
-        plain(released)
+        assert_eq!(kept.as_deref(), lsn.map(|_| id));
+        released
     }
 
     #[test]
     fn a_gap_is_accepted_and_everything_up_to_the_mark_is_a_duplicate() {
         let mut p = Producers::new(1_000, 10);
         assert!(accept(&mut p, "a", 1, 5, Some(1)).is_empty());
-        assert_eq!(
-            accept(&mut p, "a", 5, 6, Some(2)),
-            vec![(1, "a".to_string())]
-        );
+        assert_eq!(accept(&mut p, "a", 5, 6, Some(2)), vec![1]);
         assert!(p.is_duplicate("a", 1) && p.is_duplicate("a", 3) && p.is_duplicate("a", 5));
         assert!(!p.is_duplicate("a", 6) && !p.is_duplicate("b", 1));
         p.check_invariants();
@@ -410,7 +433,7 @@ mod tests {
         accept(&mut p, "a", 1, 0, Some(1));
         accept(&mut p, "b", 1, 50, None);
         assert_eq!(p.forget_idle(99), vec![]);
-        assert_eq!(plain(p.forget_idle(100)), vec![(1, "a".to_string())]);
+        assert_eq!(p.forget_idle(100), vec![1]);
         assert_eq!(p.hwm("a"), 0);
         assert_eq!(p.forget_idle(150), vec![]);
         assert_eq!(p.stats().producers, 0);
@@ -424,7 +447,7 @@ mod tests {
         accept(&mut p, "b", 1, 5, Some(2));
         accept(&mut p, "a", 2, 20, Some(3));
         let released = accept(&mut p, "c", 1, 30, Some(4));
-        assert_eq!(released, vec![(2, "b".to_string())]);
+        assert_eq!(released, vec![2]);
         assert_eq!((p.hwm("a"), p.hwm("b"), p.hwm("c")), (2, 0, 1));
         p.check_invariants();
     }

@@ -950,3 +950,34 @@ fn a_send_to_a_foreign_temporary_queue_nobody_subscribed_is_dropped() {
         bodies(&e)
     );
 }
+
+#[test]
+fn origins_relogged_by_compaction_survive_a_crash_in_the_order_they_are_forgotten() {
+    let cfg = EngineConfig {
+        network_origins_max: 3,
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new(cfg);
+    h.connect(1, None);
+    let first_lsn = h.next_lsn;
+    for n in 1..=3 {
+        h.now_ms += 1;
+        send_with(&mut h, 1, &format!("o{n}"), origin(&format!("s/ID:{n}"))).unwrap();
+    }
+    // Compaction re-logs what the oldest record describes: o1's message and its origin, which
+    // now has the newest record and goes to the back of the table (o2 is the oldest).
+    assert_eq!(h.relocate(first_lsn + 1, 10), 2);
+    h.truncate_dead_prefix();
+    let live = h.engine.durable_producers();
+    h.crash_and_recover();
+    assert_eq!(h.engine.durable_producers(), live);
+    h.connect(1, None);
+    // A fourth origin forgets the oldest, o2, and not o1, as the running broker would have.
+    send_with(&mut h, 1, "o4", origin("s/ID:4")).unwrap();
+    assert_eq!(stored(&h), 4);
+    send_with(&mut h, 1, "o1", origin("s/ID:1")).unwrap();
+    assert_eq!(stored(&h), 4, "o1 is still remembered");
+    send_with(&mut h, 1, "o2", origin("s/ID:2")).unwrap();
+    assert_eq!(stored(&h), 5, "o2 was forgotten, so it is stored again");
+    assert_eq!(h.engine.origin_stats().forgotten_total, 2);
+}

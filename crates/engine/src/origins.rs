@@ -1,0 +1,593 @@
+//! The network-origin table: which forwarded messages (`haven-net-origin`) this broker has
+//! already accepted, so a bridge's resend is answered and not stored twice.
+//!
+//! It keeps the rules of the producer table (`producers`) for ids with
+//! `NETWORK_ORIGIN_PREFIX` — the in-memory and the durable mark, forgetting by idle time and
+//! by count, the durable mark re-logged by compaction — but an origin is a producer of exactly
+//! one message: its only sequence number is 1, and it is seen once (a resend is a duplicate and
+//! refreshes nothing). A bridge's traffic makes one origin per forwarded message, so the
+//! general table's per-entry costs showed: an idle index ordered by (time, id) whose eviction
+//! compared cold 60-byte strings, and SipHash over the id for every lookup. Origins were about a
+//! fifth of a receiving broker's CPU (docs/PERFORMANCE.md, "Networks of brokers").
+//!
+//! Here the origins sit in a queue in the order they were accepted, which for an origin is the
+//! order it was last seen, so the oldest is at the front: eviction pops it, with no search.
+//! Membership is kept per source: an id is split into the text before its trailing number and
+//! the number (`haven-net:<store>/ID:haven-<boot>-` and `42`: a bridge forwards one broker's
+//! message ids, which that broker numbers in order), and each prefix has an ordered map of
+//! its numbers. A bridge's traffic adds numbers near the top of one map and forgets them from
+//! the bottom, so every operation touches memory it touched a moment ago, where a hash table
+//! of 100,000 ids missed the cache on every eviction. Ids without a trailing number are their
+//! own prefix. The table keeps no string per origin: the caller's live set keeps the id of each
+//! logged origin (compaction re-logs it by that id), and an id is rebuilt from prefix and
+//! number for inspection.
+//!
+//! One departure from the general table: when compaction re-logs an origin's mark, the origin
+//! moves to the back of the queue (its record is now the newest). Its seen time stays, so
+//! idle forgetting, which stops at the first origin that is not idle, may keep it up to one
+//! more idle period. Remembering longer is always safe; what matters is that the durable
+//! origins are in the same order live and after replay, so both forget the same ones: live,
+//! each is appended when its record is logged (a new one, or a re-log); replay appends them
+//! in log order.
+
+use crate::hash::HashMap;
+use crate::producers::{Id, MarkTable, ProducerStats, Released, PRODUCER_ID_BYTES_MAX};
+use crate::record::ProducerMark;
+use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+/// The only sequence number an origin has.
+const ORIGIN_SEQ: u64 = 1;
+
+/// No source was looked up yet (or the last one was forgotten).
+const NO_SOURCE: u32 = u32::MAX;
+
+/// Splits an origin id into the text before its trailing decimal number and the number
+/// (`haven-net:<store>/ID:haven-<boot>-` and `42`). An id without one in canonical form (at
+/// least one digit after a non-digit, no leading zero, within u64) is its own prefix, with
+/// number 0. `join` undoes it exactly: a prefix never ends in a digit.
+fn split(id: &str) -> (&str, u64) {
+    let digits = id.bytes().rev().take_while(u8::is_ascii_digit).count();
+    let (prefix, tail) = id.split_at(id.len() - digits);
+    if prefix.is_empty() || tail.is_empty() || tail.starts_with('0') {
+        return (id, 0);
+    }
+    match tail.parse::<u64>() {
+        Ok(number) => (prefix, number),
+        Err(_) => (id, 0),
+    }
+}
+
+fn join(prefix: &str, number: u64) -> String {
+    if number == 0 {
+        prefix.to_string()
+    } else {
+        format!("{prefix}{number}")
+    }
+}
+
+/// The origins that share a prefix: in practice one store and boot of one broker.
+#[derive(Debug)]
+struct Source {
+    prefix: Arc<str>,
+    /// Number → serial of its slot.
+    numbers: BTreeMap<u64, u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    source: u32,
+    number: u64,
+    /// When it was accepted (ms since the epoch): the key of idle forgetting.
+    seen_ms: u64,
+    /// The record that carries it, if it was logged: a live object until forgotten.
+    lsn: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Origins {
+    /// Oldest first. `None` is the place an origin left when it moved to the back (a re-log);
+    /// it is dropped when it reaches the front.
+    slots: VecDeque<Option<Slot>>,
+    /// The serial number of `slots[0]`; a slot's serial is fixed while it is in the queue.
+    front_serial: u64,
+    /// Origins remembered (the slots that are not vacant).
+    len: usize,
+    /// By index; a source is dropped when its last origin is forgotten, and its index reused.
+    sources: Vec<Option<Source>>,
+    free_sources: Vec<u32>,
+    /// Prefix → index in `sources` (keyed hashing: clients choose origins).
+    by_prefix: HashMap<Arc<str>, u32>,
+    /// The source of the last lookup: a bridge's traffic names the same one message after
+    /// message, and comparing the prefix is cheaper than hashing it.
+    last_source: Cell<u32>,
+    idle_ms_max: u64,
+    origins_max: usize,
+    duplicates_dropped_total: u64,
+    forgotten_total: u64,
+}
+
+impl Origins {
+    pub fn new(idle_ms_max: u64, origins_max: usize) -> Origins {
+        assert!(
+            idle_ms_max >= 1 && origins_max >= 1,
+            "origin limits must be at least 1"
+        );
+        Origins {
+            slots: VecDeque::new(),
+            front_serial: 0,
+            len: 0,
+            sources: Vec::new(),
+            free_sources: Vec::new(),
+            by_prefix: HashMap::default(),
+            last_source: Cell::new(NO_SOURCE),
+            idle_ms_max,
+            origins_max,
+            duplicates_dropped_total: 0,
+            forgotten_total: 0,
+        }
+    }
+
+    fn source(&self, index: u32) -> &Source {
+        self.sources[index as usize]
+            .as_ref()
+            .expect("a slot names a dropped source")
+    }
+
+    fn source_mut(&mut self, index: u32) -> &mut Source {
+        self.sources[index as usize]
+            .as_mut()
+            .expect("a slot names a dropped source")
+    }
+
+    fn find_source(&self, prefix: &str) -> Option<u32> {
+        let last = self.last_source.get();
+        if last != NO_SOURCE && &*self.source(last).prefix == prefix {
+            return Some(last);
+        }
+        let found = *self.by_prefix.get(prefix)?;
+        self.last_source.set(found);
+        Some(found)
+    }
+
+    fn find_or_add_source(&mut self, prefix: &str) -> u32 {
+        if let Some(found) = self.find_source(prefix) {
+            return found;
+        }
+        let prefix: Arc<str> = Arc::from(prefix);
+        let source = Some(Source {
+            prefix: prefix.clone(),
+            numbers: BTreeMap::new(),
+        });
+        let index = match self.free_sources.pop() {
+            Some(index) => {
+                self.sources[index as usize] = source;
+                index
+            }
+            None => {
+                self.sources.push(source);
+                u32::try_from(self.sources.len() - 1).expect("sources fit in u32")
+            }
+        };
+        assert!(index != NO_SOURCE, "too many sources");
+        self.by_prefix.insert(prefix, index);
+        index
+    }
+
+    /// The serial of origin `id`'s slot, if remembered.
+    fn find(&self, id: &str) -> Option<u64> {
+        let (prefix, number) = split(id);
+        let source = self.find_source(prefix)?;
+        self.source(source).numbers.get(&number).copied()
+    }
+
+    fn position(&self, serial: u64) -> usize {
+        let position = serial
+            .checked_sub(self.front_serial)
+            .expect("an indexed slot behind the front");
+        usize::try_from(position).expect("queue position fits in usize")
+    }
+
+    fn slot(&self, serial: u64) -> Slot {
+        self.slots[self.position(serial)].expect("the index names a vacant slot")
+    }
+
+    /// Forgets origins from the front while they were accepted `idle_ms_max` or more ago.
+    pub fn forget_idle(&mut self, now_ms: u64) -> Released {
+        let mut released = Vec::new();
+        loop {
+            self.drop_vacant_front();
+            match self.slots.front() {
+                Some(Some(o)) if o.seen_ms.saturating_add(self.idle_ms_max) <= now_ms => {
+                    self.forget_oldest(&mut released);
+                }
+                _ => break,
+            }
+        }
+        released
+    }
+
+    fn insert_new(
+        &mut self,
+        id: &str,
+        seen_ms: u64,
+        lsn: Option<u64>,
+        released: &mut Released,
+    ) -> Option<Id> {
+        assert!(!id.is_empty() && id.len() <= PRODUCER_ID_BYTES_MAX);
+        // Make room first, so a new origin is never its own victim (nor its source dropped
+        // under it).
+        while self.len >= self.origins_max {
+            self.drop_vacant_front();
+            self.forget_oldest(released);
+        }
+        let (prefix, number) = split(id);
+        let source = self.find_or_add_source(prefix);
+        self.push(Slot {
+            source,
+            number,
+            seen_ms,
+            lsn,
+        });
+        self.len += 1;
+        // Only a logged origin is a live object, which the caller's live set names by id.
+        lsn.map(|_| Arc::from(id))
+    }
+
+    /// Appends `slot` at the back and indexes it there.
+    fn push(&mut self, slot: Slot) {
+        let serial = self.front_serial + self.slots.len() as u64;
+        let previous = self
+            .source_mut(slot.source)
+            .numbers
+            .insert(slot.number, serial);
+        assert!(previous.is_none(), "an origin indexed twice");
+        self.slots.push_back(Some(slot));
+    }
+
+    /// Removes the origin in slot `serial` from the queue and its source's index, leaving
+    /// its place vacant. Its source stays: the caller pushes it again.
+    fn take(&mut self, serial: u64) -> Slot {
+        let position = self.position(serial);
+        let slot = self.slots[position].take().expect("taking a vacant slot");
+        self.source_mut(slot.source).numbers.remove(&slot.number);
+        slot
+    }
+
+    fn drop_vacant_front(&mut self) {
+        while let Some(None) = self.slots.front() {
+            self.slots.pop_front();
+            self.front_serial += 1;
+        }
+    }
+
+    /// Forgets the front origin; the caller has dropped vacant slots before it.
+    fn forget_oldest(&mut self, released: &mut Released) {
+        let slot = self
+            .slots
+            .pop_front()
+            .flatten()
+            .expect("forgetting from an empty table");
+        self.front_serial += 1;
+        self.len -= 1;
+        let source = self.source_mut(slot.source);
+        let indexed = source.numbers.remove(&slot.number);
+        assert!(indexed.is_some(), "origin missing from its source's index");
+        if source.numbers.is_empty() {
+            let prefix = source.prefix.clone();
+            self.by_prefix.remove(&prefix);
+            self.sources[slot.source as usize] = None;
+            self.free_sources.push(slot.source);
+            if self.last_source.get() == slot.source {
+                self.last_source.set(NO_SOURCE);
+            }
+        }
+        if let Some(lsn) = slot.lsn {
+            released.push(lsn);
+        }
+        self.forgotten_total += 1;
+    }
+
+    fn id_of(&self, slot: &Slot) -> String {
+        join(&self.source(slot.source).prefix, slot.number)
+    }
+
+    fn remembered(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter().flatten()
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Inspection
+
+    pub fn stats(&self) -> ProducerStats {
+        ProducerStats {
+            producers: self.len,
+            duplicates_dropped_total: self.duplicates_dropped_total,
+            forgotten_total: self.forgotten_total,
+        }
+    }
+
+    /// Origin → (1, seen_ms) as the log has it: equal before a crash and after replay.
+    pub fn durable_marks(&self) -> BTreeMap<String, (u64, u64)> {
+        self.remembered()
+            .filter(|o| o.lsn.is_some())
+            .map(|o| (self.id_of(o), (ORIGIN_SEQ, o.seen_ms)))
+            .collect()
+    }
+
+    /// Origins with a durable mark (each is one live object).
+    pub fn durable_count(&self) -> usize {
+        self.remembered().filter(|o| o.lsn.is_some()).count()
+    }
+
+    /// The live object of each durable mark: (lsn, id), for the caller's cross-check.
+    pub fn durable_lsns(&self) -> Vec<(u64, String)> {
+        self.remembered()
+            .filter_map(|o| o.lsn.map(|lsn| (lsn, self.id_of(o))))
+            .collect()
+    }
+
+    pub fn check_invariants(&self) {
+        assert!(self.len <= self.origins_max);
+        assert_eq!(self.len, self.remembered().count());
+        let indexed: usize = self.sources.iter().flatten().map(|s| s.numbers.len()).sum();
+        assert_eq!(indexed, self.len, "an origin indexed but not in the queue");
+        assert_eq!(self.by_prefix.len(), self.sources.iter().flatten().count());
+        for (index, source) in self.sources.iter().enumerate() {
+            let Some(source) = source else {
+                assert!(self.free_sources.contains(&(index as u32)));
+                continue;
+            };
+            assert!(!source.numbers.is_empty(), "an empty source kept");
+            assert_eq!(self.by_prefix.get(&source.prefix), Some(&(index as u32)));
+        }
+        let mut last_lsn = 0;
+        for (position, slot) in self.slots.iter().enumerate() {
+            let Some(o) = slot else { continue };
+            let serial = self.front_serial + position as u64;
+            assert_eq!(self.source(o.source).numbers.get(&o.number), Some(&serial));
+            let id = self.id_of(o);
+            assert_eq!(split(&id), (&*self.source(o.source).prefix, o.number));
+            if let Some(lsn) = o.lsn {
+                assert!(lsn > last_lsn, "durable origins out of log order");
+                last_lsn = lsn;
+            }
+        }
+    }
+}
+
+impl MarkTable for Origins {
+    /// 1 once `id` was accepted and not forgotten, else 0.
+    fn hwm(&self, id: &str) -> u64 {
+        if self.find(id).is_some() {
+            ORIGIN_SEQ
+        } else {
+            0
+        }
+    }
+
+    fn is_duplicate(&self, id: &str, seq: u64) -> bool {
+        assert_eq!(seq, ORIGIN_SEQ, "an origin's only sequence number is 1");
+        self.find(id).is_some()
+    }
+
+    fn count_duplicate(&mut self) {
+        self.duplicates_dropped_total += 1;
+    }
+
+    fn accept(
+        &mut self,
+        id: &str,
+        seq: u64,
+        now_ms: u64,
+        lsn: Option<u64>,
+    ) -> (Option<Id>, Released) {
+        assert_eq!(seq, ORIGIN_SEQ, "an origin's only sequence number is 1");
+        assert!(self.find(id).is_none(), "duplicate accepted");
+        let mut released = Vec::new();
+        let id = self.insert_new(id, now_ms, lsn, &mut released);
+        (id, released)
+    }
+
+    /// The record at `lsn` carries origin `mark.producer`: its message's store record, or
+    /// compaction's re-log of it, which moves it to the back as the re-log did live.
+    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Option<Id>, Released) {
+        assert_eq!(
+            mark.seq, ORIGIN_SEQ,
+            "an origin's only sequence number is 1"
+        );
+        let mut released = Vec::new();
+        if let Some(serial) = self.find(&mark.producer) {
+            let old = self.take(serial);
+            released.extend(old.lsn);
+            self.push(Slot {
+                lsn: Some(lsn),
+                seen_ms: mark.seen_ms,
+                ..old
+            });
+            return (Some(Arc::from(mark.producer.as_str())), released);
+        }
+        let id = self.insert_new(&mark.producer, mark.seen_ms, Some(lsn), &mut released);
+        (id, released)
+    }
+
+    fn durable_mark(&self, id: &str) -> Option<ProducerMark> {
+        let slot = self.slot(self.find(id)?);
+        slot.lsn?;
+        Some(ProducerMark {
+            producer: id.to_string(),
+            seq: ORIGIN_SEQ,
+            seen_ms: slot.seen_ms,
+        })
+    }
+
+    /// The origin moves to the back: its record is now the newest.
+    fn relogged(&mut self, id: &str, lsn: u64) -> u64 {
+        let serial = self.find(id).expect("re-logged origin is remembered");
+        let slot = self.take(serial);
+        let old = slot.lsn.expect("re-logged origin has a durable mark");
+        assert!(old < lsn, "re-logged below its own record");
+        self.push(Slot {
+            lsn: Some(lsn),
+            ..slot
+        });
+        old
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(t: &mut Origins, id: &str, now_ms: u64, lsn: Option<u64>) -> Released {
+        let (kept, released) = t.accept(id, 1, now_ms, lsn);
+        assert_eq!(kept.as_deref(), lsn.map(|_| id));
+        t.check_invariants();
+        released
+    }
+
+    fn mark(id: &str, seen_ms: u64) -> ProducerMark {
+        ProducerMark {
+            producer: id.to_string(),
+            seq: 1,
+            seen_ms,
+        }
+    }
+
+    #[test]
+    fn an_accepted_origin_is_a_duplicate_until_forgotten() {
+        let mut t = Origins::new(1_000, 10);
+        assert!(!t.is_duplicate("haven-net:s/1", 1));
+        accept(&mut t, "haven-net:s/1", 5, Some(3));
+        assert!(t.is_duplicate("haven-net:s/1", 1));
+        assert!(!t.is_duplicate("haven-net:s/2", 1));
+        assert_eq!((t.hwm("haven-net:s/1"), t.hwm("haven-net:s/2")), (1, 0));
+        assert_eq!(t.durable_marks()["haven-net:s/1"], (1, 5));
+    }
+
+    #[test]
+    fn beyond_the_limit_the_oldest_is_forgotten_and_its_record_released() {
+        let mut t = Origins::new(1_000, 2);
+        accept(&mut t, "a", 1, Some(1));
+        accept(&mut t, "b", 2, None);
+        assert_eq!(accept(&mut t, "c", 3, Some(5)), vec![1]);
+        // "b" was only in memory: forgetting it releases no record.
+        assert!(accept(&mut t, "d", 4, Some(6)).is_empty());
+        assert_eq!(
+            (t.hwm("a"), t.hwm("b"), t.hwm("c"), t.hwm("d")),
+            (0, 0, 1, 1)
+        );
+        assert_eq!(t.stats().forgotten_total, 2);
+        assert_eq!(t.stats().producers, 2);
+    }
+
+    #[test]
+    fn idle_origins_are_forgotten_from_the_front() {
+        let mut t = Origins::new(100, 10);
+        accept(&mut t, "a", 0, Some(1));
+        accept(&mut t, "b", 50, None);
+        assert!(t.forget_idle(99).is_empty());
+        assert_eq!(t.forget_idle(100), vec![1]);
+        assert!(t.forget_idle(149).is_empty());
+        assert!(t.forget_idle(150).is_empty(), "b had no record");
+        assert_eq!(t.stats().producers, 0);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_relogged_origin_moves_to_the_back_keeping_its_time() {
+        let mut t = Origins::new(100, 2);
+        accept(&mut t, "a", 0, Some(1));
+        accept(&mut t, "b", 10, Some(2));
+        assert_eq!(t.relogged("a", 7), 1);
+        t.check_invariants();
+        assert_eq!(t.durable_mark("a"), Some(mark("a", 0)));
+        // "b" is now the oldest in the queue: the next new origin evicts it.
+        assert_eq!(accept(&mut t, "c", 20, Some(8)), vec![2]);
+        // Idle forgetting stops at the front ("a" is idle at 100, and goes).
+        assert_eq!(t.forget_idle(100), vec![7]);
+        assert_eq!(t.stats().producers, 1);
+    }
+
+    #[test]
+    fn replay_rebuilds_the_durable_origins_in_the_same_order() {
+        let mut live = Origins::new(1_000, 3);
+        accept(&mut live, "a", 0, Some(1));
+        accept(&mut live, "n", 1, None);
+        accept(&mut live, "b", 2, Some(3));
+        let old = live.relogged("a", 4);
+        assert_eq!(old, 1);
+        // The log now holds: 1 store(a), 3 store(b), 4 re-log(a).
+        let mut replayed = Origins::new(1_000, 3);
+        assert!(replayed.replay(&mark("a", 0), 1).1.is_empty());
+        assert!(replayed.replay(&mark("b", 2), 3).1.is_empty());
+        let (_, released) = replayed.replay(&mark("a", 0), 4);
+        assert_eq!(released, vec![1]);
+        replayed.check_invariants();
+        assert_eq!(live.durable_marks(), replayed.durable_marks());
+        assert_eq!(live.durable_lsns(), replayed.durable_lsns());
+        // Both forget "b" first.
+        let l = accept(&mut live, "c", 5, Some(5));
+        let r = accept(&mut replayed, "c", 5, Some(5));
+        assert!(r.is_empty(), "the replayed table had room");
+        assert_eq!(l, vec![]);
+        // The live table's next eviction was its in-memory origin; both then forget "b".
+        assert_eq!(accept(&mut live, "d", 6, Some(6)), vec![3]);
+        assert_eq!(accept(&mut replayed, "d", 6, Some(6)), vec![3]);
+        assert_eq!(live.durable_marks(), replayed.durable_marks());
+    }
+
+    #[test]
+    fn an_id_splits_into_prefix_and_number_and_joins_back_exactly() {
+        for (id, prefix, number) in [
+            ("haven-net:s/ID:haven-1f-42", "haven-net:s/ID:haven-1f-", 42),
+            ("haven-net:s/ID:7", "haven-net:s/ID:", 7),
+            ("abc", "abc", 0),
+            ("x0", "x0", 0),
+            ("x007", "x007", 0),
+            ("123", "123", 0),
+            ("a99999999999999999999", "a99999999999999999999", 0),
+            ("a18446744073709551615", "a", u64::MAX),
+            ("", "", 0),
+        ] {
+            assert_eq!(split(id), (prefix, number), "{id}");
+            assert_eq!(join(prefix, number), id);
+        }
+    }
+
+    #[test]
+    fn origins_of_many_sources_and_odd_ids_are_told_apart() {
+        let mut t = Origins::new(1_000, 100);
+        let ids = [
+            "s1/ID:1", "s1/ID:2", "s2/ID:1", "s1/ID:01", "plain", "s1/ID:", "7",
+        ];
+        for (n, id) in ids.iter().enumerate() {
+            assert!(!t.is_duplicate(id, 1), "{id}");
+            accept(&mut t, id, 0, Some(n as u64 + 1));
+        }
+        for id in ids {
+            assert!(t.is_duplicate(id, 1), "{id}");
+        }
+        assert!(!t.is_duplicate("s1/ID:3", 1) && !t.is_duplicate("s3/ID:1", 1));
+        let marks: Vec<String> = t.durable_marks().into_keys().collect();
+        let mut expected: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        expected.sort();
+        assert_eq!(marks, expected);
+        // Forgetting a source's last origin drops the source; a new one reuses its place.
+        let mut small = Origins::new(1_000, 1);
+        accept(&mut small, "a/1", 0, Some(1));
+        assert_eq!(accept(&mut small, "b/1", 0, Some(2)), vec![1]);
+        assert_eq!(accept(&mut small, "a/2", 0, Some(3)), vec![2]);
+        assert!(!small.is_duplicate("a/1", 1) && !small.is_duplicate("b/1", 1));
+        assert_eq!(small.sources.len(), 1, "the freed place was reused");
+    }
+
+    #[test]
+    #[should_panic(expected = "duplicate accepted")]
+    fn accepting_a_known_origin_is_a_bug() {
+        let mut t = Origins::new(1_000, 10);
+        t.accept("a", 1, 0, None);
+        t.accept("a", 1, 0, None);
+    }
+}
