@@ -102,6 +102,42 @@ const PARKED_COMMANDS_MAX: usize = 1_000;
 /// socket stopped being read, outside every memory bound (scenario (f), BENCHMARKS.md).
 const PARKED_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// At most one "SEND held back" line per this long (the rest are counted in the next).
+const HELD_BACK_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Counts events and says when to log them: the first at once, then at most once per
+/// `interval`, with how many happened since the last line.
+#[derive(Debug)]
+struct LogThrottle {
+    interval: Duration,
+    unlogged: u64,
+    logged_at: Option<Instant>,
+}
+
+impl LogThrottle {
+    fn new(interval: Duration) -> LogThrottle {
+        LogThrottle {
+            interval,
+            unlogged: 0,
+            logged_at: None,
+        }
+    }
+
+    /// One event at `now`: Some(events since the last line, this one included) if a line is
+    /// due.
+    fn note(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        let due = self
+            .logged_at
+            .is_none_or(|at| now.duration_since(at) >= self.interval);
+        if !due {
+            return None;
+        }
+        self.logged_at = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
 /// Body bytes `cmd` holds while parked.
 fn parked_bytes(cmd: &Command) -> usize {
     send_body_bytes(cmd).unwrap_or(0)
@@ -153,6 +189,9 @@ pub(crate) struct Core {
     disk_block: Option<String>,
     /// Whether messages were paged out at the last maintenance (to log changes once).
     paging: bool,
+    /// Producer flow control's log line (a held-back producer is held again at every batch it
+    /// sends, so the line is throttled).
+    held_back_log: LogThrottle,
     /// A failure the engine met (a paged-out message could not be read back): stop.
     fatal: Option<String>,
     /// The last LSN appended as of the previous loop turn (see the assertion in `run`).
@@ -244,6 +283,7 @@ impl Core {
             parked: BTreeMap::new(),
             disk_block: None,
             paging: false,
+            held_back_log: LogThrottle::new(HELD_BACK_LOG_INTERVAL),
             fatal: None,
             appended_last: durable,
             lost,
@@ -447,7 +487,7 @@ impl Core {
                         }
                     }
                 } else if let Some(reason) = self.held_back(&cmd) {
-                    tracing::warn!(conn, %reason, "producer flow control: SEND held back");
+                    self.log_held_back(conn, &reason);
                     let parked = Parked {
                         bytes: parked_bytes(&cmd),
                         cmds: VecDeque::from([cmd]),
@@ -464,6 +504,20 @@ impl Core {
                 message,
                 receipt,
             } => self.fail(conn, message, receipt),
+        }
+    }
+
+    /// Logs that `conn` is held back: at once the first time, then at most once per
+    /// `HELD_BACK_LOG_INTERVAL` with the count since the last line, so a producer held at
+    /// every batch for minutes writes a line every few seconds, not hundreds.
+    fn log_held_back(&mut self, conn: ConnId, reason: &str) {
+        if let Some(held_back) = self.held_back_log.note(Instant::now()) {
+            tracing::warn!(
+                conn,
+                %reason,
+                held_back,
+                "producer flow control: SEND held back (held_back: times since the last such line)"
+            );
         }
     }
 
@@ -792,6 +846,19 @@ mod tests {
     use super::*;
     use haven_engine::{AckMode, AckRef, Destination, EngineConfig, NewMessage, QueueKey};
     use haven_journal::JournalConfig;
+
+    #[test]
+    fn a_throttled_log_line_is_written_at_once_then_once_per_interval_with_the_count() {
+        let mut t = LogThrottle::new(Duration::from_secs(10));
+        let start = Instant::now();
+        assert_eq!(t.note(start), Some(1), "the first event is logged at once");
+        for ms in [1, 500, 9_999] {
+            assert_eq!(t.note(start + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(t.note(start + Duration::from_secs(10)), Some(4));
+        assert_eq!(t.note(start + Duration::from_secs(11)), None);
+        assert_eq!(t.note(start + Duration::from_secs(25)), Some(2));
+    }
 
     fn open(dir: &std::path::Path) -> (Engine, Box<dyn DurableLog>) {
         let cfg = EngineConfig {
