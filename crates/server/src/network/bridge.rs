@@ -36,6 +36,7 @@ use crate::connection::Shared;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use haven_client::{AckMode, ClientError, ConnectOptions, Connection};
+use haven_engine::Destination;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -239,7 +240,8 @@ async fn connect_any(
 enum Event {
     /// The SUBSCRIBE was receipted: messages may come, and UNSUBSCRIBE may be sent.
     Opened(String),
-    Message(String, Delivered),
+    /// A message of the subscription named first (shared: one allocation per subscription).
+    Message(Arc<str>, Delivered),
     Failed(SessionError),
 }
 
@@ -278,7 +280,7 @@ type Confirming = Pin<Box<dyn Future<Output = (u64, Result<(), ClientError>)> + 
 
 /// One message read from a subscription and what to do with it.
 struct Staged {
-    sub_id: String,
+    sub_id: Arc<str>,
     message: Delivered,
     /// Where to send it on the sink; None: acknowledged without sending.
     send: Option<Forward>,
@@ -286,9 +288,11 @@ struct Staged {
 
 /// A staged message's SEND to the sink, encoded only as the batch goes out.
 struct Forward {
-    destination: String,
-    /// Its broker path on (`haven-net-path`).
-    path: Vec<String>,
+    /// Shared by consecutive messages of one destination (`Direction::destination_of`).
+    destination: Arc<str>,
+    /// Its broker path on (`haven-net-path`); shared by the messages that had none
+    /// (`Direction::route_from_here`).
+    path: Arc<[String]>,
 }
 
 /// Messages from `source` to consumers on `sink`.
@@ -313,6 +317,19 @@ struct Direction<'a> {
     /// Handled and waiting to go out as the next batch.
     staged: Vec<Staged>,
     scratch: ForwardScratch,
+    /// The last local destination named and its STOMP name: a subscription's messages mostly
+    /// share one, and naming it per message was 6% of the bridges' thread.
+    last_destination: Option<(Destination, Arc<str>)>,
+    /// Where a message with no path goes (as a queue message, as a topic message), worked
+    /// out once: most messages a bridge takes were sent to this broker by its clients.
+    routes_from_here: [Option<RouteFromHere>; 2],
+}
+
+/// `path::route` for a message that has no path, kept to be shared.
+#[derive(Clone)]
+enum RouteFromHere {
+    Skip,
+    Forward(Arc<[String]>),
 }
 
 impl<'a> Direction<'a> {
@@ -342,6 +359,8 @@ impl<'a> Direction<'a> {
             receipts: FuturesUnordered::new(),
             staged: Vec::new(),
             scratch: ForwardScratch::default(),
+            last_destination: None,
+            routes_from_here: [None, None],
         }
     }
 
@@ -522,7 +541,7 @@ impl<'a> Direction<'a> {
         let source = self.source.clone();
         let events = self.events_tx.clone();
         let dest = destination.to_string();
-        let sub_id = id.clone();
+        let sub_id: Arc<str> = Arc::from(id.as_str());
         let task = tokio::spawn(async move {
             let h: Vec<(&str, &str)> = headers
                 .iter()
@@ -535,7 +554,11 @@ impl<'a> Direction<'a> {
                     return;
                 }
             };
-            if events.send(Event::Opened(sub_id.clone())).await.is_err() {
+            if events
+                .send(Event::Opened(sub_id.to_string()))
+                .await
+                .is_err()
+            {
                 return;
             }
             while let Some(m) = sub.next().await {
@@ -570,7 +593,7 @@ impl<'a> Direction<'a> {
         sub.state = SubState::Closing;
         // Staged messages are sent and acknowledged first; the last acknowledgement then
         // unsubscribes it (`acknowledge`).
-        if opened && sub.pending.is_empty() && !self.staged.iter().any(|s| s.sub_id == id) {
+        if opened && sub.pending.is_empty() && !self.staged.iter().any(|s| &*s.sub_id == id) {
             self.unsubscribe(id);
         }
     }
@@ -606,40 +629,72 @@ impl<'a> Direction<'a> {
 
     /// What to do with a delivered message; None when its subscription is going away (it is
     /// left unacknowledged, and the source delivers it elsewhere once unsubscribed).
-    fn stage(&mut self, sub_id: String, m: Delivered) -> Option<Staged> {
-        let sub = self.subs.get(&sub_id)?;
+    fn stage(&mut self, sub_id: Arc<str>, m: Delivered) -> Option<Staged> {
+        let sub = self.subs.get(&*sub_id)?;
         if sub.state == SubState::Closing {
             return None;
         }
-        let destination = m.destination();
+        let destination = self.destination_of(&m);
         let topic = destination.starts_with("/topic/");
-        let msg_path = m
-            .header(PATH_HEADER)
-            .and_then(path::parse)
-            .unwrap_or_default();
         let route = if topic && self.filter.is_excluded(&destination) {
-            path::Route::Skip
+            RouteFromHere::Skip
         } else {
-            path::route(
-                &msg_path,
-                &self.source.name,
-                &self.sink.name,
-                topic,
-                self.spec.cfg.network_ttl,
-            )
+            match m.header(PATH_HEADER).and_then(path::parse) {
+                Some(msg_path) if !msg_path.is_empty() => match self.route(&msg_path, topic) {
+                    path::Route::Skip => RouteFromHere::Skip,
+                    path::Route::Forward(path) => RouteFromHere::Forward(path.into()),
+                },
+                _ => self.route_from_here(topic),
+            }
         };
         let send = match route {
-            path::Route::Skip => None,
-            path::Route::Forward(path) => Some(Forward {
-                destination: destination.into_owned(),
-                path,
-            }),
+            RouteFromHere::Skip => None,
+            RouteFromHere::Forward(path) => Some(Forward { destination, path }),
         };
         Some(Staged {
             sub_id,
             message: m,
             send,
         })
+    }
+
+    fn route(&self, msg_path: &[String], topic: bool) -> path::Route {
+        path::route(
+            msg_path,
+            &self.source.name,
+            &self.sink.name,
+            topic,
+            self.spec.cfg.network_ttl,
+        )
+    }
+
+    /// `route` for a message without a path, computed once per kind.
+    fn route_from_here(&mut self, topic: bool) -> RouteFromHere {
+        let i = usize::from(topic);
+        if let Some(r) = &self.routes_from_here[i] {
+            return r.clone();
+        }
+        let r = match self.route(&[], topic) {
+            path::Route::Skip => RouteFromHere::Skip,
+            path::Route::Forward(path) => RouteFromHere::Forward(path.into()),
+        };
+        self.routes_from_here[i] = Some(r.clone());
+        r
+    }
+
+    /// The destination `m` was delivered from, as STOMP names it.
+    fn destination_of(&mut self, m: &Delivered) -> Arc<str> {
+        let Some(d) = m.local_destination() else {
+            return Arc::from(&*m.destination());
+        };
+        if let Some((last, name)) = &self.last_destination {
+            if last == d {
+                return name.clone();
+            }
+        }
+        let name: Arc<str> = Arc::from(d.to_string());
+        self.last_destination = Some((d.clone(), name.clone()));
+        name
     }
 
     /// Sends the staged messages as a batch, unless `BATCHES_IN_FLIGHT_MAX` batches wait for
@@ -674,7 +729,7 @@ impl<'a> Direction<'a> {
                 .iter()
                 .filter_map(|s| {
                     let f = s.send.as_ref()?;
-                    Some((&s.message, f.destination.as_str(), f.path.as_slice()))
+                    Some((&s.message, &*f.destination, &*f.path))
                 })
                 .collect();
             let receipt = self
@@ -694,7 +749,7 @@ impl<'a> Direction<'a> {
             }
             let sub = self
                 .subs
-                .get_mut(&s.sub_id)
+                .get_mut(&*s.sub_id)
                 .expect("staged messages' subscriptions are kept until acknowledged");
             sub.pending.push_back((s.message, batch, was_sent));
         }

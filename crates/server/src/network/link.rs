@@ -153,6 +153,14 @@ impl Delivered {
         }
     }
 
+    /// The engine's destination of a message delivered in process (None from a remote end).
+    pub fn local_destination(&self) -> Option<&haven_engine::Destination> {
+        match self {
+            Delivered::Remote(_) => None,
+            Delivered::Local(d) => Some(&d.message.destination),
+        }
+    }
+
     /// The first occurrence of an application header (or, from the remote end, of any
     /// MESSAGE header).
     pub fn header(&self, name: &str) -> Option<&str> {
