@@ -282,6 +282,26 @@ impl Record {
     /// `MessageLoader` does with the bytes it read. The error names the LSN.
     pub fn decode_message(payload: &[u8], lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
         let record = Record::decode(payload).map_err(|e| format!("lsn {lsn}: {e}"))?;
+        Self::carried(&record, lsn, seq)
+    }
+
+    /// `decode_message` of a payload the caller gives away. A message alone in its record
+    /// keeps its body as a slice of the payload rather than a copy: a paged-out message is
+    /// read back, decoded and delivered once, and the copy was an allocation and a `memcpy`
+    /// of its body on the read-ahead thread. A transaction's records are copied as before, so
+    /// one message's body never keeps a whole transaction's buffer alive.
+    pub fn decode_message_owned(
+        payload: Vec<u8>,
+        lsn: u64,
+        seq: u64,
+    ) -> Result<Arc<Message>, String> {
+        let payload = Bytes::from(payload);
+        let record =
+            Record::decode_from(&payload, Some(&payload)).map_err(|e| format!("lsn {lsn}: {e}"))?;
+        Self::carried(&record, lsn, seq)
+    }
+
+    fn carried(record: &Record, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
         record
             .message_with_seq(seq)
             .cloned()
@@ -314,8 +334,22 @@ impl Record {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
-        let mut r = Reader { bytes, pos: 0 };
-        let record = match r.u8()? {
+        Record::decode_from(bytes, None)
+    }
+
+    /// `decode`; with `shared` (the same bytes as a `Bytes`), the body of a record's only
+    /// message is a slice of it.
+    fn decode_from(bytes: &[u8], shared: Option<&Bytes>) -> Result<Record, RecordError> {
+        let mut r = Reader {
+            bytes,
+            pos: 0,
+            shared,
+        };
+        let tag = r.u8()?;
+        if matches!(tag, TAG_COMMIT | TAG_COMMIT_SCHEDULED | TAG_COMMIT_PRODUCED) {
+            r.shared = None;
+        }
+        let record = match tag {
             tag @ (TAG_STORE | TAG_STORE_PRODUCED | TAG_STORE_DEAD_LETTERED) => {
                 let message = Arc::new(Message {
                     dead_lettered: tag == TAG_STORE_DEAD_LETTERED,
@@ -521,6 +555,8 @@ fn put_message_fields(out: &mut Vec<u8>, m: &Message) {
 struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// `bytes` as a `Bytes`, when bodies may be slices of it instead of copies.
+    shared: Option<&'a Bytes>,
 }
 
 impl<'a> Reader<'a> {
@@ -624,7 +660,12 @@ impl<'a> Reader<'a> {
             headers.push((self.string()?, self.string()?));
         }
         let len = self.u32()? as usize;
-        let body = Bytes::copy_from_slice(self.take(len)?);
+        let start = self.pos;
+        let raw = self.take(len)?;
+        let body = match self.shared {
+            Some(all) => all.slice(start..start + len),
+            None => Bytes::copy_from_slice(raw),
+        };
         let priority = self.u8()?;
         if priority > 9 {
             return Err(self.err("priority above 9"));
@@ -664,6 +705,48 @@ mod tests {
         })
     }
 
+    /// Where a decoded body's bytes live: inside `payload`'s buffer, or a copy.
+    fn body_is_in(m: &Message, payload: &[u8]) -> bool {
+        let range = payload.as_ptr_range();
+        m.body.is_empty() || range.contains(&m.body.as_ptr())
+    }
+
+    #[test]
+    fn an_owned_payload_lends_a_lone_message_its_body_and_copies_a_transactions() {
+        let m = msg(7, vec![42; 1024], vec![("k".into(), "v".into())]);
+        let store = Record::Store {
+            message: m.clone(),
+            holders: vec![QueueKey::Queue("q".into())],
+            producer: None,
+        }
+        .to_bytes();
+        let shared = Bytes::from(store.clone());
+        let Record::Store { message, .. } = Record::decode_from(&shared, Some(&shared)).unwrap()
+        else {
+            panic!("a store record")
+        };
+        assert_eq!(message, m);
+        assert!(body_is_in(&message, &shared), "a slice of the payload");
+        let decoded = Record::decode_message_owned(store, 1, 7).unwrap();
+        assert_eq!(decoded, m);
+        let commit = Record::Commit {
+            stores: vec![(m.clone(), vec![QueueKey::Queue("q".into())])],
+            removes: Vec::new(),
+            schedules: Vec::new(),
+            producer: None,
+        }
+        .to_bytes();
+        let shared = Bytes::from(commit.clone());
+        let Record::Commit { stores, .. } = Record::decode_from(&shared, Some(&shared)).unwrap()
+        else {
+            panic!("a commit record")
+        };
+        assert_eq!(stores[0].0, m);
+        assert!(!body_is_in(&stores[0].0, &shared), "a copy");
+        assert_eq!(Record::decode_message_owned(commit, 2, 7).unwrap(), m);
+        assert!(Record::decode_message_owned(vec![TAG_STORE], 3, 7).is_err());
+    }
+
     proptest! {
         #[test]
         fn every_record_round_trips(seq in any::<u64>(), body in proptest::collection::vec(any::<u8>(), 0..300),
@@ -697,6 +780,9 @@ mod tests {
             for r in records {
                 let bytes = r.to_bytes();
                 prop_assert_eq!(Record::decode(&bytes).unwrap(), r.clone());
+                // Decoding with the payload shared gives the same record.
+                let shared = Bytes::from(bytes.clone());
+                prop_assert_eq!(Record::decode_from(&shared, Some(&shared)).unwrap(), r.clone());
                 // Every strict prefix fails cleanly rather than panicking.
                 for cut in [0, bytes.len() / 2, bytes.len().saturating_sub(1)] {
                     if cut < bytes.len() {

@@ -120,7 +120,7 @@ fn read_message(
     }
     let reader = reader.as_mut().expect("just opened");
     let payload = reader.read(lsn).map_err(|e| e.to_string())?;
-    Record::decode_message(&payload, lsn, seq)
+    Record::decode_message_owned(payload, lsn, seq)
 }
 
 impl MessageLoader for JournalLoader {
