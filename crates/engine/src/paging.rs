@@ -3,8 +3,7 @@
 //!
 //! A queue that pages keeps three runs of waiting messages, in arrival order:
 //! `ready` (in memory, dispatchable), then `cold` (only in the log: seq → where to read it) and
-//! `tail` (arrived while paging, in memory at least until its record is durable, and after
-//! that while the budget has room for it: see `page_out_tails`). New arrivals go to the
+//! `tail` (arrived while paging, in memory until its record is durable). New arrivals go to the
 //! tail while anything is paged out, so FIFO order holds across the boundary; priority is
 //! honoured within the in-memory window only (as ActiveMQ does without `prioritizedMessages`).
 //!
@@ -199,13 +198,7 @@ impl Engine {
         self.paging_queues.insert(q);
     }
 
-    /// Moves tail messages whose record is durable out of memory, oldest first, as far as the
-    /// queue's and the broker's budgets need: the newest stay while the waiting messages in
-    /// memory fit. A queue pages once its in-memory window is full, and its consumers then
-    /// take that window down; arrivals kept in memory meanwhile are dispatched from memory
-    /// when the consumers reach them, where paged-out ones are read back from the log. (All
-    /// of a durable tail went out before: a forwarding broker whose producers outran its
-    /// bridge read a third of its messages back, 11% of the pair's CPU in issue 8's run.)
+    /// Moves tail messages whose record is durable out of memory.
     pub(super) fn page_out_tails(&mut self) {
         let queues: Vec<QueueId> = self.paging_queues.iter().copied().collect();
         for q in queues {
@@ -213,18 +206,8 @@ impl Engine {
                 self.paging_queues.remove(&q);
                 continue;
             }
-            let queue = self.queue(q);
-            let mut queue_excess = (queue.ready_bytes() + queue.tail_bytes())
-                .saturating_sub(self.queue_memory_bytes_max(q));
-            let mut broker_excess = self
-                .hot_bytes_total
-                .load(Ordering::Relaxed)
-                .saturating_sub(self.cfg.memory_bytes_max);
             let mut cold = Vec::new();
             for (seq, t) in self.queue(q).tail.iter().take(PAGE_OUT_SCAN_MAX) {
-                if queue_excess == 0 && broker_excess == 0 {
-                    break;
-                }
                 let (lsn, spilled) = match t.spill_lsn {
                     Some(lsn) => (lsn, true),
                     None => match self.stored.get(seq) {
@@ -245,9 +228,6 @@ impl Engine {
                     // Later arrivals are (almost always) later in the log too.
                     break;
                 }
-                let bytes = t.entry.msg.size_bytes() as u64;
-                queue_excess = queue_excess.saturating_sub(bytes);
-                broker_excess = broker_excess.saturating_sub(bytes);
                 let cref = ColdRef::new(lsn, &t.entry.msg, spilled, t.entry.redelivered);
                 cold.push((*seq, cref));
             }

@@ -166,11 +166,6 @@ impl Queue {
         self.ready_bytes
     }
 
-    /// Bytes of the tail's messages (all in memory).
-    pub fn tail_bytes(&self) -> u64 {
-        self.tail_bytes
-    }
-
     pub fn insert_tail(&mut self, seq: u64, t: TailEntry) -> Option<TailEntry> {
         let bytes = t.entry.msg.size_bytes() as u64;
         self.tail_bytes += bytes;
