@@ -4,7 +4,7 @@
 # broker's resident memory (VmRSS sampled every second, VmHWM peak per phase) and the data
 # directory's size on disk, and prints a markdown block to paste into BENCHMARKS.md.
 #
-#   bench/backlog.sh                      # 5,000,000 x 1 KiB, memory_bytes_max 64 MiB
+#   bench/backlog.sh                      # 5,000,000 x 1 KiB, memory_bytes_max 32 MiB
 #   N=200000 MEMORY_BYTES_MAX= bench/backlog.sh   # quick run; key omitted (older brokers)
 #
 # The fill is `haven bench --consumers 0` (every message receipted, none consumed); the drain
@@ -14,7 +14,7 @@
 # Environment (defaults in brackets):
 #   N [5000000]             messages in the backlog
 #   SIZE [1024]             body bytes
-#   MEMORY_BYTES_MAX [67108864]  [limits] memory_bytes_max (the broker default); empty = leave the key out
+#   MEMORY_BYTES_MAX [33554432]  [limits] memory_bytes_max (the broker default); empty = leave the key out
 #   PRODUCERS [2]  RECEIPT_EVERY [1000]  RECEIPT_WINDOW [16]     the fill
 #   CONSUMERS [1]  ACK [client]  PREFETCH [1000]  DRAIN_TIMEOUT_S [120]   the drain
 #   HAVEN_PORT [61623]      STOMP port on 127.0.0.1
@@ -31,7 +31,7 @@ case "${1:-}" in
 esac
 N=${N:-5000000}
 SIZE=${SIZE:-1024}
-MEMORY_BYTES_MAX=${MEMORY_BYTES_MAX-67108864}
+MEMORY_BYTES_MAX=${MEMORY_BYTES_MAX-33554432}
 PRODUCERS=${PRODUCERS:-2}
 RECEIPT_EVERY=${RECEIPT_EVERY:-1000}
 RECEIPT_WINDOW=${RECEIPT_WINDOW:-16}
