@@ -31,7 +31,7 @@
 //! in log order.
 
 use crate::hash::HashMap;
-use crate::producers::{Id, MarkTable, ProducerStats, Released, PRODUCER_ID_BYTES_MAX};
+use crate::producers::{Forgetting, Id, MarkTable, ProducerStats, Released, PRODUCER_ID_BYTES_MAX};
 use crate::record::ProducerMark;
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
@@ -102,18 +102,11 @@ pub(crate) struct Origins {
     /// The source of the last lookup: a bridge's traffic names the same one message after
     /// message, and comparing the prefix is cheaper than hashing it.
     last_source: Cell<u32>,
-    idle_ms_max: u64,
-    origins_max: usize,
-    duplicates_dropped_total: u64,
-    forgotten_total: u64,
+    forgetting: Forgetting,
 }
 
 impl Origins {
     pub fn new(idle_ms_max: u64, origins_max: usize) -> Origins {
-        assert!(
-            idle_ms_max >= 1 && origins_max >= 1,
-            "origin limits must be at least 1"
-        );
         Origins {
             slots: VecDeque::new(),
             front_serial: 0,
@@ -122,10 +115,7 @@ impl Origins {
             free_sources: Vec::new(),
             by_prefix: HashMap::default(),
             last_source: Cell::new(NO_SOURCE),
-            idle_ms_max,
-            origins_max,
-            duplicates_dropped_total: 0,
-            forgotten_total: 0,
+            forgetting: Forgetting::new(idle_ms_max, origins_max),
         }
     }
 
@@ -199,7 +189,7 @@ impl Origins {
         loop {
             self.drop_vacant_front();
             match self.slots.front() {
-                Some(Some(o)) if o.seen_ms.saturating_add(self.idle_ms_max) <= now_ms => {
+                Some(Some(o)) if self.forgetting.is_idle(o.seen_ms, now_ms) => {
                     self.forget_oldest(&mut released);
                 }
                 _ => break,
@@ -218,7 +208,7 @@ impl Origins {
         assert!(!id.is_empty() && id.len() <= PRODUCER_ID_BYTES_MAX);
         // Make room first, so a new origin is never its own victim (nor its source dropped
         // under it).
-        while self.len >= self.origins_max {
+        while self.len >= self.forgetting.entries_max {
             self.drop_vacant_front();
             self.forget_oldest(released);
         }
@@ -286,7 +276,7 @@ impl Origins {
         if let Some(lsn) = slot.lsn {
             released.push(lsn);
         }
-        self.forgotten_total += 1;
+        self.forgetting.forgotten_total += 1;
     }
 
     fn id_of(&self, slot: &Slot) -> String {
@@ -301,11 +291,7 @@ impl Origins {
     // Inspection
 
     pub fn stats(&self) -> ProducerStats {
-        ProducerStats {
-            producers: self.len,
-            duplicates_dropped_total: self.duplicates_dropped_total,
-            forgotten_total: self.forgotten_total,
-        }
+        self.forgetting.stats(self.len)
     }
 
     /// Origin → (1, seen_ms) as the log has it: equal before a crash and after replay.
@@ -329,7 +315,7 @@ impl Origins {
     }
 
     pub fn check_invariants(&self) {
-        assert!(self.len <= self.origins_max);
+        assert!(self.len <= self.forgetting.entries_max);
         assert_eq!(self.len, self.remembered().count());
         let indexed: usize = self.sources.iter().flatten().map(|s| s.numbers.len()).sum();
         assert_eq!(indexed, self.len, "an origin indexed but not in the queue");
@@ -373,7 +359,7 @@ impl MarkTable for Origins {
     }
 
     fn count_duplicate(&mut self) {
-        self.duplicates_dropped_total += 1;
+        self.forgetting.duplicates_dropped_total += 1;
     }
 
     fn accept(

@@ -83,6 +83,45 @@ pub struct ProducerStats {
     pub forgotten_total: u64,
 }
 
+/// What both mark tables keep besides their marks: how they forget, and what they counted.
+#[derive(Debug)]
+pub(crate) struct Forgetting {
+    /// A mark last raised this long ago (ms) is forgotten.
+    pub idle_ms_max: u64,
+    /// Marks remembered at most; a new one beyond forgets the oldest.
+    pub entries_max: usize,
+    pub duplicates_dropped_total: u64,
+    pub forgotten_total: u64,
+}
+
+impl Forgetting {
+    pub fn new(idle_ms_max: u64, entries_max: usize) -> Forgetting {
+        assert!(
+            idle_ms_max >= 1 && entries_max >= 1,
+            "mark table limits must be at least 1"
+        );
+        Forgetting {
+            idle_ms_max,
+            entries_max,
+            duplicates_dropped_total: 0,
+            forgotten_total: 0,
+        }
+    }
+
+    /// Whether a mark last raised at `seen_ms` is to be forgotten at `now_ms`.
+    pub fn is_idle(&self, seen_ms: u64, now_ms: u64) -> bool {
+        seen_ms.saturating_add(self.idle_ms_max) <= now_ms
+    }
+
+    pub fn stats(&self, remembered: usize) -> ProducerStats {
+        ProducerStats {
+            producers: remembered,
+            duplicates_dropped_total: self.duplicates_dropped_total,
+            forgotten_total: self.forgotten_total,
+        }
+    }
+}
+
 /// Durable marks that stopped being live: the caller removes the producer mark at each LSN
 /// from its live set (a record carries at most one).
 pub(crate) type Released = Vec<u64>;
@@ -128,26 +167,16 @@ pub(crate) struct Producers {
     /// Producer id → the connection that most recently claimed it at CONNECT.
     /// Who owns each producer now: (connection, its `haven-session`).
     owners: HashMap<String, (ConnId, u64)>,
-    idle_ms_max: u64,
-    producers_max: usize,
-    duplicates_dropped_total: u64,
-    forgotten_total: u64,
+    forgetting: Forgetting,
 }
 
 impl Producers {
     pub fn new(idle_ms_max: u64, producers_max: usize) -> Producers {
-        assert!(
-            idle_ms_max >= 1 && producers_max >= 1,
-            "producer limits must be at least 1"
-        );
         Producers {
             entries: HashMap::default(),
             by_seen: BTreeSet::new(),
             owners: HashMap::default(),
-            idle_ms_max,
-            producers_max,
-            duplicates_dropped_total: 0,
-            forgotten_total: 0,
+            forgetting: Forgetting::new(idle_ms_max, producers_max),
         }
     }
 
@@ -155,7 +184,7 @@ impl Producers {
     pub fn forget_idle(&mut self, now_ms: u64) -> Released {
         let mut released = Vec::new();
         while let Some((seen_ms, id)) = self.by_seen.first().cloned() {
-            if seen_ms.saturating_add(self.idle_ms_max) > now_ms {
+            if !self.forgetting.is_idle(seen_ms, now_ms) {
                 break;
             }
             self.forget(&id, &mut released);
@@ -173,7 +202,7 @@ impl Producers {
         durable: Option<Durable>,
         released: &mut Released,
     ) -> Id {
-        while self.entries.len() >= self.producers_max {
+        while self.entries.len() >= self.forgetting.entries_max {
             let (_, victim) = self.by_seen.first().cloned().expect("table not empty");
             self.forget(&victim, released);
         }
@@ -200,7 +229,7 @@ impl Producers {
         if let Some(d) = p.durable {
             released.push(d.lsn);
         }
-        self.forgotten_total += 1;
+        self.forgetting.forgotten_total += 1;
     }
 
     // ----------------------------------------------------------------------------------------
@@ -238,11 +267,7 @@ impl Producers {
     // Inspection
 
     pub fn stats(&self) -> ProducerStats {
-        ProducerStats {
-            producers: self.entries.len(),
-            duplicates_dropped_total: self.duplicates_dropped_total,
-            forgotten_total: self.forgotten_total,
-        }
+        self.forgetting.stats(self.entries.len())
     }
 
     /// Producer → (seq, seen_ms) as the log has it: equal before a crash and after replay.
@@ -270,7 +295,7 @@ impl Producers {
 
     pub fn check_invariants(&self) {
         assert_eq!(self.entries.len(), self.by_seen.len());
-        assert!(self.entries.len() <= self.producers_max);
+        assert!(self.entries.len() <= self.forgetting.entries_max);
         for (id, p) in &self.entries {
             assert_eq!(id, &p.id, "an entry under another producer's id");
             assert!(self.by_seen.contains(&(p.seen_ms, id.clone())));
@@ -294,12 +319,9 @@ impl MarkTable for Producers {
     }
 
     fn count_duplicate(&mut self) {
-        self.duplicates_dropped_total += 1;
+        self.forgetting.duplicates_dropped_total += 1;
     }
 
-    /// A SEND or COMMIT with `(id, seq)` was accepted at `now_ms`; `lsn` is the record that
-    /// carries the mark, or None if nothing was logged (the mark is in memory only). Returns
-    /// the table's id (for the caller's live set) and the marks that stopped being live.
     fn accept(
         &mut self,
         id: &str,
