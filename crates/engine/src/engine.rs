@@ -2450,7 +2450,6 @@ impl Engine {
     fn replay_producer(&mut self, mark: &ProducerMark, lsn: u64) {
         let (id, released) = self.table(&mark.producer).replay(mark, lsn);
         self.release_producers(released);
-        let id = id.expect("a replayed mark is logged");
         self.live.insert(lsn, LiveObject::Producer(id));
     }
 

@@ -198,13 +198,7 @@ impl Origins {
         released
     }
 
-    fn insert_new(
-        &mut self,
-        id: &str,
-        seen_ms: u64,
-        lsn: Option<u64>,
-        released: &mut Released,
-    ) -> Option<Id> {
+    fn insert_new(&mut self, id: &str, seen_ms: u64, lsn: Option<u64>, released: &mut Released) {
         assert!(!id.is_empty() && id.len() <= PRODUCER_ID_BYTES_MAX);
         // Make room first, so a new origin is never its own victim (nor its source dropped
         // under it).
@@ -221,8 +215,6 @@ impl Origins {
             lsn,
         });
         self.len += 1;
-        // Only a logged origin is a live object, which the caller's live set names by id.
-        lsn.map(|_| Arc::from(id))
     }
 
     /// Appends `slot` at the back and indexes it there.
@@ -236,13 +228,18 @@ impl Origins {
         self.slots.push_back(Some(slot));
     }
 
-    /// Removes the origin in slot `serial` from the queue and its source's index, leaving
-    /// its place vacant. Its source stays: the caller pushes it again.
-    fn take(&mut self, serial: u64) -> Slot {
+    /// Moves the origin in slot `serial` to the back, now carried by the record at `lsn` (and
+    /// seen at `seen_ms`, if given), leaving its place vacant. Returns its old record's LSN.
+    fn move_to_back(&mut self, serial: u64, lsn: u64, seen_ms: Option<u64>) -> Option<u64> {
         let position = self.position(serial);
-        let slot = self.slots[position].take().expect("taking a vacant slot");
+        let slot = self.slots[position].take().expect("moving a vacant slot");
         self.source_mut(slot.source).numbers.remove(&slot.number);
-        slot
+        self.push(Slot {
+            lsn: Some(lsn),
+            seen_ms: seen_ms.unwrap_or(slot.seen_ms),
+            ..slot
+        });
+        slot.lsn
     }
 
     fn drop_vacant_front(&mut self) {
@@ -372,30 +369,24 @@ impl MarkTable for Origins {
         assert_eq!(seq, ORIGIN_SEQ, "an origin's only sequence number is 1");
         assert!(self.find(id).is_none(), "duplicate accepted");
         let mut released = Vec::new();
-        let id = self.insert_new(id, now_ms, lsn, &mut released);
-        (id, released)
+        self.insert_new(id, now_ms, lsn, &mut released);
+        // Only a logged origin is a live object, which the caller's live set names by id.
+        (lsn.map(|_| Arc::from(id)), released)
     }
 
     /// The record at `lsn` carries origin `mark.producer`: its message's store record, or
     /// compaction's re-log of it, which moves it to the back as the re-log did live.
-    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Option<Id>, Released) {
+    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Id, Released) {
         assert_eq!(
             mark.seq, ORIGIN_SEQ,
             "an origin's only sequence number is 1"
         );
         let mut released = Vec::new();
-        if let Some(serial) = self.find(&mark.producer) {
-            let old = self.take(serial);
-            released.extend(old.lsn);
-            self.push(Slot {
-                lsn: Some(lsn),
-                seen_ms: mark.seen_ms,
-                ..old
-            });
-            return (Some(Arc::from(mark.producer.as_str())), released);
+        match self.find(&mark.producer) {
+            Some(serial) => released.extend(self.move_to_back(serial, lsn, Some(mark.seen_ms))),
+            None => self.insert_new(&mark.producer, mark.seen_ms, Some(lsn), &mut released),
         }
-        let id = self.insert_new(&mark.producer, mark.seen_ms, Some(lsn), &mut released);
-        (id, released)
+        (Arc::from(mark.producer.as_str()), released)
     }
 
     fn durable_mark(&self, id: &str) -> Option<ProducerMark> {
@@ -411,13 +402,10 @@ impl MarkTable for Origins {
     /// The origin moves to the back: its record is now the newest.
     fn relogged(&mut self, id: &str, lsn: u64) -> u64 {
         let serial = self.find(id).expect("re-logged origin is remembered");
-        let slot = self.take(serial);
-        let old = slot.lsn.expect("re-logged origin has a durable mark");
+        let old = self
+            .move_to_back(serial, lsn, None)
+            .expect("re-logged origin has a durable mark");
         assert!(old < lsn, "re-logged below its own record");
-        self.push(Slot {
-            lsn: Some(lsn),
-            ..slot
-        });
         old
     }
 }

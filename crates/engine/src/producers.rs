@@ -21,10 +21,10 @@
 //! Fencing is volatile and lives here too: the connection that most recently CONNECTed with
 //! `haven-producer: P` owns P; an older session that claimed P may no longer use it.
 //!
-//! The engine keeps two tables of this type: applications' producers, and network origins
-//! (ids starting with `NETWORK_ORIGIN_PREFIX`: one per message a bridge forwarded, always
-//! `seq` 1, so the mark says "this message arrived"). Origins have their own limits, since a
-//! bridge's traffic makes one per message, and no owners: no CONNECT may claim one.
+//! Network origins (ids starting with `NETWORK_ORIGIN_PREFIX`: one per message a bridge
+//! forwarded, always `seq` 1, so the mark says "this message arrived") follow the same rules
+//! in a table of their own (`crate::origins`), with their own limits and no owners: no CONNECT
+//! may claim one. Both answer the engine through [`MarkTable`].
 
 use crate::hash::HashMap;
 use crate::record::ProducerMark;
@@ -34,8 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// A producer id as the table keeps it: one allocation shared by the map, the idle index and
-/// the engine's live set (a bridge's traffic adds an entry per message, so each allocation
-/// counts, and so does each cold string compared when the oldest entry goes).
+/// the engine's live set.
 pub(crate) type Id = Arc<str>;
 
 /// Longest `haven-producer` id, in bytes: ids are kept in memory and in every record.
@@ -150,7 +149,7 @@ pub(crate) trait MarkTable {
 
     /// Replay: the record at `lsn` says the producer's mark is exactly `mark` (the newest
     /// record wins). Returns the table's id and the marks no longer live.
-    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Option<Id>, Released);
+    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Id, Released);
 
     /// Compaction: the durable mark of `id`, to be re-logged. None if only in memory.
     fn durable_mark(&self, id: &str) -> Option<ProducerMark>;
@@ -308,7 +307,6 @@ impl Producers {
 }
 
 impl MarkTable for Producers {
-    /// The high-water mark of `id`; 0 if unknown (sequences start at 1).
     fn hwm(&self, id: &str) -> u64 {
         self.entries.get(id).map_or(0, |p| p.hwm)
     }
@@ -352,10 +350,9 @@ impl MarkTable for Producers {
         (lsn.map(|_| id), released)
     }
 
-    /// Replay: the record at `lsn` says the producer's mark is exactly `mark` (the newest
-    /// record wins; live handling only ever logs a higher mark, or a first one after the
-    /// producer was forgotten). Returns the table's id and the marks no longer live.
-    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Option<Id>, Released) {
+    /// Live handling only ever logs a higher mark, or a first one after the producer was
+    /// forgotten, so the newest record is the mark.
+    fn replay(&mut self, mark: &ProducerMark, lsn: u64) -> (Id, Released) {
         let mut released = Vec::new();
         let durable = Some(Durable {
             seq: mark.seq,
@@ -367,7 +364,7 @@ impl MarkTable for Producers {
                 released.push(d.lsn);
             }
             update(&mut self.by_seen, p, mark.seq, mark.seen_ms, durable);
-            return (Some(p.id.clone()), released);
+            return (p.id.clone(), released);
         }
         let id = self.insert_new(
             &mark.producer,
@@ -376,10 +373,9 @@ impl MarkTable for Producers {
             durable,
             &mut released,
         );
-        (Some(id), released)
+        (id, released)
     }
 
-    /// Compaction: the durable mark of `id`, to be re-logged. None if only in memory.
     fn durable_mark(&self, id: &str) -> Option<ProducerMark> {
         let d = self.entries.get(id)?.durable?;
         Some(ProducerMark {
@@ -389,7 +385,6 @@ impl MarkTable for Producers {
         })
     }
 
-    /// Compaction re-logged the durable mark of `id` at `lsn`; returns the old LSN.
     fn relogged(&mut self, id: &str, lsn: u64) -> u64 {
         let d = self
             .entries

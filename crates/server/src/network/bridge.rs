@@ -37,6 +37,7 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use haven_client::{AckMode, ClientError, ConnectOptions, Connection};
 use haven_engine::Destination;
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -291,7 +292,7 @@ struct Forward {
     /// Shared by consecutive messages of one destination (`Direction::destination_of`).
     destination: Arc<str>,
     /// Its broker path on (`haven-net-path`); shared by the messages that had none
-    /// (`Direction::route_from_here`).
+    /// (`Direction::routes_from_here`).
     path: Arc<[String]>,
 }
 
@@ -322,14 +323,7 @@ struct Direction<'a> {
     last_destination: Option<(Destination, Arc<str>)>,
     /// Where a message with no path goes (as a queue message, as a topic message), worked
     /// out once: most messages a bridge takes were sent to this broker by its clients.
-    routes_from_here: [Option<RouteFromHere>; 2],
-}
-
-/// `path::route` for a message that has no path, kept to be shared.
-#[derive(Clone)]
-enum RouteFromHere {
-    Skip,
-    Forward(Arc<[String]>),
+    routes_from_here: [OnceCell<Option<Arc<[String]>>>; 2],
 }
 
 impl<'a> Direction<'a> {
@@ -360,7 +354,7 @@ impl<'a> Direction<'a> {
             staged: Vec::new(),
             scratch: ForwardScratch::default(),
             last_destination: None,
-            routes_from_here: [None, None],
+            routes_from_here: [OnceCell::new(), OnceCell::new()],
         }
     }
 
@@ -636,21 +630,17 @@ impl<'a> Direction<'a> {
         }
         let destination = self.destination_of(&m);
         let topic = destination.starts_with("/topic/");
-        let route = if topic && self.filter.is_excluded(&destination) {
-            RouteFromHere::Skip
+        let path = if topic && self.filter.is_excluded(&destination) {
+            None
         } else {
             match m.header(PATH_HEADER).and_then(path::parse) {
-                Some(msg_path) if !msg_path.is_empty() => match self.route(&msg_path, topic) {
-                    path::Route::Skip => RouteFromHere::Skip,
-                    path::Route::Forward(path) => RouteFromHere::Forward(path.into()),
-                },
-                _ => self.route_from_here(topic),
+                Some(msg_path) if !msg_path.is_empty() => self.route(&msg_path, topic),
+                _ => self.routes_from_here[usize::from(topic)]
+                    .get_or_init(|| self.route(&[], topic))
+                    .clone(),
             }
         };
-        let send = match route {
-            RouteFromHere::Skip => None,
-            RouteFromHere::Forward(path) => Some(Forward { destination, path }),
-        };
+        let send = path.map(|path| Forward { destination, path });
         Some(Staged {
             sub_id,
             message: m,
@@ -658,28 +648,19 @@ impl<'a> Direction<'a> {
         })
     }
 
-    fn route(&self, msg_path: &[String], topic: bool) -> path::Route {
-        path::route(
+    /// `path::route` from this broker to the sink: the path a message goes on with, or None
+    /// when it is not sent.
+    fn route(&self, msg_path: &[String], topic: bool) -> Option<Arc<[String]>> {
+        match path::route(
             msg_path,
             &self.source.name,
             &self.sink.name,
             topic,
             self.spec.cfg.network_ttl,
-        )
-    }
-
-    /// `route` for a message without a path, computed once per kind.
-    fn route_from_here(&mut self, topic: bool) -> RouteFromHere {
-        let i = usize::from(topic);
-        if let Some(r) = &self.routes_from_here[i] {
-            return r.clone();
+        ) {
+            path::Route::Skip => None,
+            path::Route::Forward(path) => Some(path.into()),
         }
-        let r = match self.route(&[], topic) {
-            path::Route::Skip => RouteFromHere::Skip,
-            path::Route::Forward(path) => RouteFromHere::Forward(path.into()),
-        };
-        self.routes_from_here[i] = Some(r.clone());
-        r
     }
 
     /// The destination `m` was delivered from, as STOMP names it.
