@@ -31,11 +31,12 @@ pub(crate) struct ColdRef {
 }
 
 impl ColdRef {
-    /// The reference to `msg`, described by the record at `lsn`.
-    pub fn new(lsn: u64, msg: &crate::message::Message, spilled: bool, recovered: bool) -> ColdRef {
+    /// The reference to a message of `size_bytes` (`Message::size_bytes`), described by the
+    /// record at `lsn`.
+    pub fn new(lsn: u64, size_bytes: u64, spilled: bool, recovered: bool) -> ColdRef {
         ColdRef {
             lsn,
-            bytes: u32::try_from(msg.size_bytes()).unwrap_or(u32::MAX),
+            bytes: u32::try_from(size_bytes).unwrap_or(u32::MAX),
             spilled,
             recovered,
         }

@@ -1196,6 +1196,7 @@ impl Engine {
         let durable_msg = msg.persistent && !destination.is_temporary();
         let mut holders = Vec::new();
         let pending_max = self.cfg.topic_subscriber_pending_max;
+        let size_bytes = msg.size_bytes() as u64;
         for q in targets {
             if let Some(selector) = &self.queue(q).selector {
                 // A topic subscription keeps only what its selector selects.
@@ -1204,14 +1205,10 @@ impl Engine {
                     continue;
                 }
             }
-            let entry = Entry {
-                msg: msg.clone(),
-                deliveries: 0,
-                redelivered: false,
-            };
+            let entry = Entry::sized(msg.clone(), size_bytes, false);
             let key = self.queue(q).key.clone();
             let durable_here = durable_msg && key.is_durable_kind();
-            if (durable_here || may_spill) && self.should_page(q, &msg) {
+            if (durable_here || may_spill) && self.should_page(q, size_bytes) {
                 // A non-persistent message has no holders, so the caller logs nothing for it:
                 // each queue it pages into gets its own spill record (their lifetimes differ).
                 let spill = (!durable_here).then(|| {
@@ -1498,7 +1495,7 @@ impl Engine {
         sub.seq_tags.remove(&seq);
         sub.inflight -= 1;
         let queue = self.queues[q].as_ref().expect("live queue");
-        let bytes = queue.inflight[&seq].entry.msg.size_bytes() as u64;
+        let bytes = queue.inflight[&seq].entry.size_bytes;
         sub.inflight_bytes = sub
             .inflight_bytes
             .checked_sub(bytes)
@@ -1677,14 +1674,7 @@ impl Engine {
             ..(*newest).clone()
         });
         let from_key = self.queue(from).key.clone();
-        self.enqueue(
-            to,
-            Entry {
-                msg: msg.clone(),
-                deliveries: 0,
-                redelivered: true,
-            },
-        );
+        self.enqueue(to, Entry::new(msg.clone(), true));
         self.to_dispatch.insert(to);
         if let Some(stored) = self.stored.get(&msg.seq) {
             // One record moves it: its holders become the others plus the DLQ.
@@ -1917,12 +1907,7 @@ impl Engine {
                     continue;
                 }
             }
-            let entry = Entry {
-                msg,
-                deliveries: 0,
-                redelivered: false,
-            };
-            self.enqueue(q, entry);
+            self.enqueue(q, Entry::new(msg, false));
             // The bound of a topic subscriber's buffer, as in `route`.
             let queue = self.queue_mut(q);
             if matches!(queue.key, QueueKey::TopicSub { .. }) && queue.ready_len() > pending_max {
@@ -1951,7 +1936,7 @@ impl Engine {
         c.next_tag += 1;
         let sub = c.subs.get_mut(sub_id).expect("consumer's subscription");
         sub.inflight += 1;
-        sub.inflight_bytes += entry.msg.size_bytes() as u64;
+        sub.inflight_bytes += entry.size_bytes;
         let auto_ack = sub.ack == AckMode::Auto;
         let delivery = Delivery {
             sub_id: sub_id.to_string(),
@@ -2399,17 +2384,14 @@ impl Engine {
                 let key = self.queue(q).key.clone();
                 if holders == [key.clone()] {
                     // Re-logged in place: still paged out, described by the new record.
-                    self.queue_mut(q)
-                        .cold
-                        .insert(msg.seq, ColdRef::new(lsn, &msg, false, true));
+                    self.queue_mut(q).cold.insert(
+                        msg.seq,
+                        ColdRef::new(lsn, msg.size_bytes() as u64, false, true),
+                    );
                     return;
                 }
                 // Moved on: bring it back as held by `q` and let the general path move it.
-                self.queue_mut(q).push(Entry {
-                    msg: msg.clone(),
-                    deliveries: 0,
-                    redelivered: false,
-                });
+                self.queue_mut(q).push(Entry::new(msg.clone(), false));
                 self.track_store(msg.clone(), vec![key], cref.lsn);
             }
         }
@@ -2434,12 +2416,7 @@ impl Engine {
             // the queue exists from now on and adopts its topic then.
             let q = self.queue_for(key.clone());
             if !self.queue(q).contains(&msg) {
-                let entry = Entry {
-                    msg: msg.clone(),
-                    deliveries: 0,
-                    redelivered: false,
-                };
-                self.enqueue(q, entry);
+                self.enqueue(q, Entry::new(msg.clone(), false));
             }
         }
         self.track_store(msg, holders, lsn);
@@ -2704,7 +2681,7 @@ impl Engine {
                     .iter()
                     .map(|(tag, seq)| {
                         let q = c.deliveries[tag].2;
-                        self.queue(q).inflight[seq].entry.msg.size_bytes() as u64
+                        self.queue(q).inflight[seq].entry.size_bytes
                     })
                     .sum();
                 assert_eq!(sub.inflight_bytes, bytes);

@@ -168,7 +168,7 @@ impl Engine {
 
     /// Whether a message arriving in queue `q` must wait behind paged-out messages, or would
     /// take the queue or the broker over its memory budget.
-    pub(super) fn should_page(&self, q: QueueId, msg: &Message) -> bool {
+    pub(super) fn should_page(&self, q: QueueId, size_bytes: u64) -> bool {
         if self.loader.is_none() {
             return false;
         }
@@ -179,9 +179,8 @@ impl Engine {
         if queue.is_paging() {
             return true;
         }
-        let size = msg.size_bytes() as u64;
-        queue.ready_bytes() + size > self.queue_memory_bytes_max(q)
-            || self.hot_bytes_total.load(Ordering::Relaxed) + size > self.cfg.memory_bytes_max
+        queue.ready_bytes() + size_bytes > self.queue_memory_bytes_max(q)
+            || self.hot_bytes_total.load(Ordering::Relaxed) + size_bytes > self.cfg.memory_bytes_max
     }
 
     /// Puts an arriving message behind the paged-out ones. `spill_lsn`: its `Spill` record,
@@ -228,7 +227,7 @@ impl Engine {
                     // Later arrivals are (almost always) later in the log too.
                     break;
                 }
-                let cref = ColdRef::new(lsn, &t.entry.msg, spilled, t.entry.redelivered);
+                let cref = ColdRef::new(lsn, t.entry.size_bytes, spilled, t.entry.redelivered);
                 cold.push((*seq, cref));
             }
             for (seq, cref) in cold {
@@ -316,11 +315,8 @@ impl Engine {
                         let old = self.stored.insert(seq, stored);
                         assert!(old.is_none(), "paged-out message was also stored");
                     }
-                    self.queue_mut(q).push(Entry {
-                        msg,
-                        deliveries: 0,
-                        redelivered: cref.recovered,
-                    });
+                    self.queue_mut(q)
+                        .push(Entry::sized(msg, cref.bytes as u64, cref.recovered));
                 }
             }
         }
@@ -398,11 +394,7 @@ impl Engine {
             holders: vec![key],
         };
         self.stored.insert(seq, stored);
-        let entry = Entry {
-            msg: msg.clone(),
-            deliveries: 0,
-            redelivered: cref.recovered,
-        };
+        let entry = Entry::sized(msg.clone(), cref.bytes as u64, cref.recovered);
         self.push_tail(q, entry, None);
     }
 
@@ -467,12 +459,13 @@ impl Engine {
     /// Replay: a persistent message newly held by `q` alone goes straight to the log-only
     /// state if the queue is over its budget. Returns whether it did.
     pub(super) fn replay_page_out(&mut self, q: QueueId, msg: &Message, lsn: u64) -> bool {
-        if !self.should_page(q, msg) {
+        let size_bytes = msg.size_bytes() as u64;
+        if !self.should_page(q, size_bytes) {
             return false;
         }
         self.queue_mut(q)
             .cold
-            .insert(msg.seq, ColdRef::new(lsn, msg, false, true));
+            .insert(msg.seq, ColdRef::new(lsn, size_bytes, false, true));
         self.paging_queues.insert(q);
         true
     }

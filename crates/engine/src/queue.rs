@@ -18,10 +18,38 @@ pub(crate) type QueueId = usize;
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
     pub msg: Arc<Message>,
+    /// `msg.size_bytes()`, computed once: the queue, the prefetch window and paging count it
+    /// several times per message, and summing its headers each time was 5% of a forwarding
+    /// broker's worker (the headers are cold by then).
+    pub size_bytes: u64,
+    /// `msg.group().is_some()`, for the same reason: the queue counts grouped messages as
+    /// each one comes and goes, and the lookup walks the headers.
+    pub grouped: bool,
     /// Times handed to a consumer so far.
     pub deliveries: u32,
     /// May have been delivered before this broker knew (recovered from the log).
     pub redelivered: bool,
+}
+
+impl Entry {
+    /// A message not yet handed to anyone here. `redelivered`: it may have been delivered
+    /// before (recovered from the log, or moved from another queue after failing there).
+    pub fn new(msg: Arc<Message>, redelivered: bool) -> Entry {
+        let size_bytes = msg.size_bytes() as u64;
+        Entry::sized(msg, size_bytes, redelivered)
+    }
+
+    /// `new` with the size already known (a topic message entering several queues).
+    pub fn sized(msg: Arc<Message>, size_bytes: u64, redelivered: bool) -> Entry {
+        debug_assert_eq!(size_bytes, msg.size_bytes() as u64);
+        Entry {
+            grouped: msg.group().is_some(),
+            msg,
+            size_bytes,
+            deliveries: 0,
+            redelivered,
+        }
+    }
 }
 
 /// A message that arrived while the queue was paging, kept in memory until its record is
@@ -167,7 +195,7 @@ impl Queue {
     }
 
     pub fn insert_tail(&mut self, seq: u64, t: TailEntry) -> Option<TailEntry> {
-        let bytes = t.entry.msg.size_bytes() as u64;
+        let bytes = t.entry.size_bytes;
         self.tail_bytes += bytes;
         self.hot_bytes_total.fetch_add(bytes, Ordering::Relaxed);
         self.tail.insert(seq, t)
@@ -175,7 +203,7 @@ impl Queue {
 
     pub fn remove_tail(&mut self, seq: &u64) -> Option<TailEntry> {
         let t = self.tail.remove(seq)?;
-        let bytes = t.entry.msg.size_bytes() as u64;
+        let bytes = t.entry.size_bytes;
         self.tail_bytes -= bytes;
         self.hot_bytes_total.fetch_sub(bytes, Ordering::Relaxed);
         Some(t)
@@ -215,10 +243,10 @@ impl Queue {
 
     pub fn push(&mut self, entry: Entry) {
         let key = (Reverse(entry.msg.priority), entry.msg.seq);
-        if entry.msg.group().is_some() {
+        if entry.grouped {
             self.grouped_waiting += 1;
         }
-        self.add_ready_bytes(entry.msg.size_bytes() as u64);
+        self.add_ready_bytes(entry.size_bytes);
         let old = self.ready.insert(key, entry);
         assert!(old.is_none(), "message queued twice");
     }
@@ -249,10 +277,10 @@ impl Queue {
     }
 
     fn note_taken(&mut self, e: &Entry) {
-        if e.msg.group().is_some() {
+        if e.grouped {
             self.grouped_waiting -= 1;
         }
-        self.sub_ready_bytes(e.msg.size_bytes() as u64);
+        self.sub_ready_bytes(e.size_bytes);
     }
 
     pub fn contains(&self, msg: &Message) -> bool {

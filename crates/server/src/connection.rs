@@ -449,9 +449,9 @@ async fn run(
                         let _ = core.send(CoreMsg::Fail { conn, message: e.to_string(), receipt: None }).await;
                     }
                     Some(Ok(Item::Heartbeat)) => {}
-                    Some(Ok(Item::Frame(frame))) => {
+                    Some(Ok(Item::Frame(mut frame))) => {
                         let disconnect = frame.command == Cmd::Disconnect;
-                        let msg = match translate(conn, &frame, s.version, shared) {
+                        let msg = match translate(conn, &mut frame, s.version, shared) {
                             Ok(cmd) => with_credit(&window, cmd),
                             Err(Refusal::Composite(cmds)) => {
                                 // One SEND to several destinations: one command each, in order;
@@ -642,10 +642,11 @@ impl From<&str> for Refusal {
 /// Most destinations one composite SEND may name.
 const COMPOSITE_DESTINATIONS_MAX: usize = 64;
 
-/// Turns a client frame into an engine command, or says what is wrong with it.
+/// Turns a client frame into an engine command, or says what is wrong with it. An accepted
+/// SEND's headers move into its message (a refused frame keeps them).
 pub(crate) fn translate(
     conn: ConnId,
-    frame: &Frame,
+    frame: &mut Frame,
     version: Version,
     shared: &Shared,
 ) -> Result<Command, Refusal> {
@@ -691,26 +692,11 @@ pub(crate) fn translate(
                     format!("expires must be milliseconds since the epoch, not '{v}'")
                 })?,
             };
-            let mut headers: Vec<(String, String)> = Vec::with_capacity(frame.headers.len());
-            for (k, v) in &frame.headers {
-                if RESERVED_HEADERS.contains(&k.as_str()) || headers.iter().any(|(k2, _)| k2 == k) {
-                    continue; // broker-managed, or a repeat (the first occurrence wins)
-                }
-                let v = if k == "reply-to" && v.starts_with("/temp-") {
-                    // The owner's own name for its temporary destination becomes one any
-                    // connection can send to.
-                    dest(v)?.to_string()
-                } else {
-                    v.clone()
-                };
-                headers.push((k.clone(), v));
-            }
-            let message = NewMessage {
-                headers,
-                body: frame.body.clone(),
-                persistent,
-                priority,
-                expires_ms,
+            // The first `reply-to` naming the owner's own temporary destination becomes a name
+            // any connection can send to.
+            let reply_to = match frame.header("reply-to") {
+                Some(v) if v.starts_with("/temp-") => Some(dest(v)?.to_string()),
+                _ => None,
             };
             let transaction = opt(frame, "transaction");
             // Inside a transaction the COMMIT carries the producer sequence; a SEND's own
@@ -722,15 +708,38 @@ pub(crate) fn translate(
                     None => producer_seq(frame)?,
                 },
             };
-            if composite.len() > 1 {
-                if producer.is_some() {
-                    // One sequence number cannot cover several stores that are not atomic.
-                    return Err(Refusal::Bad(
-                        "haven-producer/haven-seq cannot be used with a composite destination \
-                         outside a transaction"
-                            .into(),
-                    ));
+            if composite.len() > 1 && producer.is_some() {
+                // One sequence number cannot cover several stores that are not atomic.
+                return Err(Refusal::Bad(
+                    "haven-producer/haven-seq cannot be used with a composite destination \
+                     outside a transaction"
+                        .into(),
+                ));
+            }
+            // Nothing fails from here on, so the frame's headers can move into the message
+            // instead of being copied (two allocations per header, on every SEND): a refused
+            // frame still has them (its receipt).
+            let mut reply_to = reply_to;
+            let mut headers: Vec<(String, String)> = Vec::with_capacity(frame.headers.len());
+            for (k, v) in std::mem::take(&mut frame.headers) {
+                if RESERVED_HEADERS.contains(&k.as_str()) || headers.iter().any(|(k2, _)| *k2 == k)
+                {
+                    continue; // broker-managed, or a repeat (the first occurrence wins)
                 }
+                let v = match k.as_str() {
+                    "reply-to" => reply_to.take().unwrap_or(v),
+                    _ => v,
+                };
+                headers.push((k, v));
+            }
+            let message = NewMessage {
+                headers,
+                body: frame.body.clone(),
+                persistent,
+                priority,
+                expires_ms,
+            };
+            if composite.len() > 1 {
                 let last = composite.len() - 1;
                 let cmds = composite
                     .into_iter()

@@ -5,6 +5,7 @@
 //! it ahead with its own journal reader; `load` then finds most messages decoded already, and
 //! reads the rest itself.
 
+use haven_engine::hash::IdHash;
 use haven_engine::{Message, MessageLoader, Record};
 use haven_journal::Reader;
 use std::collections::HashMap;
@@ -21,10 +22,12 @@ const PREFETCHED_MESSAGES_MAX: usize = 16_384;
 /// peaked 50–80 MiB higher at the same rate.
 const PREFETCHED_BYTES_MAX: usize = 16 << 20;
 
-/// Messages read ahead, by (lsn, seq), and the sum of their `size_bytes`.
+/// Messages read ahead, by (lsn, seq), each with its `size_bytes` (summed on the worker that
+/// decoded it, not again on the core that takes it), and the sum of those.
 #[derive(Default)]
 struct Prefetched {
-    messages: HashMap<(u64, u64), Arc<Message>>,
+    // The keys are the broker's own numbers, so they need no keyed hash (`IdHash`).
+    messages: HashMap<(u64, u64), (Arc<Message>, usize), IdHash>,
     bytes: usize,
 }
 
@@ -34,15 +37,16 @@ impl Prefetched {
             self.messages.clear();
             self.bytes = 0;
         }
-        self.bytes += msg.size_bytes();
-        if let Some(old) = self.messages.insert(key, msg) {
-            self.bytes -= old.size_bytes();
+        let size = msg.size_bytes();
+        self.bytes += size;
+        if let Some((_, old)) = self.messages.insert(key, (msg, size)) {
+            self.bytes -= old;
         }
     }
 
     fn remove(&mut self, key: &(u64, u64)) -> Option<Arc<Message>> {
-        let msg = self.messages.remove(key)?;
-        self.bytes -= msg.size_bytes();
+        let (msg, size) = self.messages.remove(key)?;
+        self.bytes -= size;
         Some(msg)
     }
 }
