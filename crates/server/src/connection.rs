@@ -694,7 +694,7 @@ pub(crate) fn translate(
             };
             // The first `reply-to` naming the owner's own temporary destination becomes a name
             // any connection can send to.
-            let reply_to = match frame.header("reply-to") {
+            let mut reply_to = match frame.header("reply-to") {
                 Some(v) if v.starts_with("/temp-") => Some(dest(v)?.to_string()),
                 _ => None,
             };
@@ -719,12 +719,16 @@ pub(crate) fn translate(
             // Nothing fails from here on, so the frame's headers can move into the message
             // instead of being copied (two allocations per header, on every SEND): a refused
             // frame still has them (its receipt).
-            let mut reply_to = reply_to;
             let mut headers: Vec<(String, String)> = Vec::with_capacity(frame.headers.len());
             for (k, v) in std::mem::take(&mut frame.headers) {
-                if RESERVED_HEADERS.contains(&k.as_str()) || headers.iter().any(|(k2, _)| *k2 == k)
+                if RESERVED_HEADERS.contains(&k.as_str())
+                    || k == ORIGIN_HEADER
+                    || headers.iter().any(|(k2, _)| *k2 == k)
                 {
-                    continue; // broker-managed, or a repeat (the first occurrence wins)
+                    // Broker-managed, or a repeat (the first occurrence wins). The origin is
+                    // kept as the message's producer mark; as a header too, a forwarded
+                    // message would store it twice and hand it to every consumer.
+                    continue;
                 }
                 let v = match k.as_str() {
                     "reply-to" => reply_to.take().unwrap_or(v),

@@ -63,6 +63,38 @@ async fn the_headers_stay_on_the_delivered_message() {
     broker.stop().await;
 }
 
+/// `haven-net-origin` (what a bridge sends) makes a SEND idempotent like a producer sequence,
+/// but it only steers the SEND: the broker keeps it as the message's mark, not as a header, so
+/// consumers do not get it (and a forwarded message does not carry it twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_origin_dedupes_and_is_not_passed_to_consumers() {
+    let mut broker = Broker::start().await;
+    let mut p = broker.client().await;
+    let origin = [
+        ("haven-net-origin", "store-a/ID:haven-1-7"),
+        ("kept", "yes"),
+    ];
+    p.put("/queue/eo-o", "one", &origin).await;
+    p.put("/queue/eo-o", "one", &origin).await; // a bridge's resend
+    p.disconnect().await;
+    broker.restart().await;
+    let mut p = broker.client().await;
+    p.put("/queue/eo-o", "one", &origin).await; // still known after a restart
+    p.disconnect().await;
+
+    let mut c = broker.client().await;
+    c.subscribe("1", "/queue/eo-o", &[]).await;
+    let m = c.message().await;
+    assert_eq!(m.header("kept"), Some("yes"));
+    assert_eq!(m.header("haven-net-origin"), None, "{m:?}");
+    assert!(
+        drain(&mut c).await.is_empty(),
+        "the resends were stored again"
+    );
+    c.disconnect().await;
+    broker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn connected_reports_the_producers_mark_across_a_restart() {
     let mut broker = Broker::start().await;
