@@ -122,6 +122,27 @@ impl fmt::Display for Destination {
     }
 }
 
+impl Destination {
+    /// Appends the header form (what `Display` writes) to `out`: for a queue or a topic
+    /// without the formatting machinery, as every MESSAGE frame needs it.
+    pub fn push_header_form(&self, out: &mut String) {
+        match self {
+            Destination::Queue(n) => {
+                out.push_str("/queue/");
+                out.push_str(n);
+            }
+            Destination::Topic(n) => {
+                out.push_str("/topic/");
+                out.push_str(n);
+            }
+            temporary => {
+                use fmt::Write;
+                write!(out, "{temporary}").expect("writing to a String");
+            }
+        }
+    }
+}
+
 /// Whether a topic name is a wildcard pattern: a segment (between `.`) that is `*` (exactly
 /// one segment) or `>` (this and every following segment, zero or more — ActiveMQ's rule).
 pub fn is_wildcard(name: &str) -> bool {
@@ -212,6 +233,26 @@ impl AckMode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_header_form_is_what_display_writes() {
+        for d in [
+            Destination::Queue("orders.eu".into()),
+            Destination::Topic("prices.>".into()),
+            Destination::TempQueue {
+                owner: 7,
+                name: "reply".into(),
+            },
+            Destination::TempTopic {
+                owner: 9,
+                name: "t".into(),
+            },
+        ] {
+            let mut out = String::from("kept:");
+            d.push_header_form(&mut out);
+            assert_eq!(out, format!("kept:{d}"));
+        }
+    }
 
     #[test]
     fn parses_every_kind_and_round_trips_remote_temp() {

@@ -996,10 +996,9 @@ fn encode_message(
         let headers = f.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         return encoder.encode_parts(Cmd::Message, headers, &f.body, dst);
     }
-    use std::fmt::Write;
     let m = &d.message;
     dest_buf.clear();
-    write!(dest_buf, "{}", m.destination).expect("writing to a String");
+    m.destination.push_header_form(dest_buf);
     let (tag, count) = (Dec::new(d.ack_tag), Dec::new(d.delivery_count as u64));
     let (ts, prio, exp) = (
         Dec::new(m.timestamp_ms),

@@ -92,6 +92,18 @@ fn needs_escape(b: u8, mode: Escaping) -> bool {
     }
 }
 
+/// How many bytes `escape_into` checks at once.
+const ESCAPE_CHUNK_BYTES: usize = 16;
+
+/// Whether any byte of `chunk` needs escaping: every byte is compared, without an early exit,
+/// so the compiler can compare a whole chunk in a few vector instructions.
+fn any_needs_escape(chunk: &[u8], mode: Escaping) -> bool {
+    let cr = mode == Escaping::V1_2;
+    chunk.iter().fold(false, |found, &b| {
+        found | (b == b'\\') | (b == b'\n') | (b == b':') | (cr & (b == b'\r'))
+    })
+}
+
 /// Appends `text` to `dst` escaped for `mode`. On error `dst` may hold a partial write;
 /// the caller truncates it.
 pub(crate) fn escape_into(
@@ -123,11 +135,22 @@ pub(crate) fn escape_into(
         return Ok(());
     }
     let mut run_start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
+    let mut i = 0;
+    while i < bytes.len() {
+        // Whole chunks without a byte to escape are skipped at once: values are mostly
+        // plain, and the byte-at-a-time loop was 5% of a broker delivering 1 KiB messages.
+        if let Some(chunk) = bytes.get(i..i + ESCAPE_CHUNK_BYTES) {
+            if !any_needs_escape(chunk, mode) {
+                i += ESCAPE_CHUNK_BYTES;
+                continue;
+            }
+        }
+        let b = bytes[i];
+        i += 1;
         if !needs_escape(b, mode) {
             continue;
         }
-        dst.put_slice(&bytes[run_start..i]);
+        dst.put_slice(&bytes[run_start..i - 1]);
         dst.put_slice(match b {
             b'\\' => b"\\\\",
             b'\n' => b"\\n",
@@ -135,7 +158,7 @@ pub(crate) fn escape_into(
             b'\r' => b"\\r",
             _ => unreachable!("needs_escape admitted {b:#x}"),
         });
-        run_start = i + 1;
+        run_start = i;
     }
     dst.put_slice(&bytes[run_start..]);
     Ok(())
@@ -149,6 +172,48 @@ mod tests {
         let mut dst = BytesMut::new();
         escape_into(&mut dst, text, part, mode)?;
         Ok(String::from_utf8(dst.to_vec()).unwrap())
+    }
+
+    /// The chunked scan finds a byte to escape wherever it is: before, inside, across and
+    /// after whole chunks, alone or next to others.
+    #[test]
+    fn escaping_matches_a_byte_at_a_time_reference_at_every_position() {
+        fn reference(text: &str, mode: Escaping) -> String {
+            let mut out = String::new();
+            for c in text.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\n' => out.push_str("\\n"),
+                    ':' => out.push_str("\\c"),
+                    '\r' if mode == Escaping::V1_2 => out.push_str("\\r"),
+                    c => out.push(c),
+                }
+            }
+            out
+        }
+        for mode in [Escaping::V1_1, Escaping::V1_2] {
+            for len in 0..(3 * ESCAPE_CHUNK_BYTES + 2) {
+                for at in 0..len {
+                    for special in ['\\', '\n', ':', '\r'] {
+                        if special == '\r' && (mode == Escaping::V1_1 || at == len - 1) {
+                            continue; // 1.1 passes a CR inside a value, refuses one at the end
+                        }
+                        let mut text: Vec<char> =
+                            "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                .chars()
+                                .take(len)
+                                .collect();
+                        text[at] = special;
+                        if at + 1 < len {
+                            text[at + 1] = ':'; // two in a row
+                        }
+                        let text: String = text.into_iter().collect();
+                        let got = esc(&text, Part::Value, mode).unwrap();
+                        assert_eq!(got, reference(&text, mode), "{text:?} in {mode:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
