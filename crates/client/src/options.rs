@@ -52,7 +52,7 @@ impl Default for ConnectOptions {
             host: None,
             accept_version: "1.2,1.1,1.0".to_string(),
             heartbeat_ms: (0, 0),
-            headers: Vec::new(),
+            headers: Default::default(),
             connect_timeout_ms: 10_000,
             subscription_buffer_messages_max: 4096,
             write_queue_frames_max: 1024,

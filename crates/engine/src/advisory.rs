@@ -29,6 +29,7 @@
 //! to a consumer advisory topic gets one advisory for each destination that has consumers now.
 
 use crate::command::NetworkConsumer;
+use crate::headers::Headers;
 use crate::types::{ConnId, Destination};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -148,17 +149,17 @@ impl ConsumerAdvisories {
     }
 
     /// The headers of an advisory about `destination` as it is now.
-    pub fn headers(&self, destination: &Destination) -> Vec<(String, String)> {
+    pub fn headers(&self, destination: &Destination) -> Headers {
         let list = self
             .consumers
             .get(destination)
             .map_or(&[][..], Vec::as_slice);
         let demand: Vec<&str> = list.iter().map(|c| c.demand.as_str()).collect();
-        vec![
-            (CONSUMER_COUNT_HEADER.to_string(), list.len().to_string()),
-            (ADVISORY_FOR_HEADER.to_string(), destination.to_string()),
-            (ADVISORY_DEMAND_HEADER.to_string(), demand.join(";")),
-        ]
+        Headers::from_pairs(&[
+            (CONSUMER_COUNT_HEADER, list.len().to_string().as_str()),
+            (ADVISORY_FOR_HEADER, destination.to_string().as_str()),
+            (ADVISORY_DEMAND_HEADER, demand.join(";").as_str()),
+        ])
     }
 
     /// The destinations with consumers whose advisory topic a subscription to `pattern` (a
@@ -184,8 +185,8 @@ impl ConsumerAdvisories {
 mod tests {
     use super::*;
 
-    fn header<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
-        &headers.iter().find(|(k, _)| k == name).unwrap().1
+    fn header<'a>(headers: &'a Headers, name: &str) -> &'a str {
+        headers.get(name).unwrap()
     }
 
     #[test]

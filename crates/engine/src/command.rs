@@ -1,13 +1,14 @@
 //! What the edges ask of the engine. One command per client frame that changes broker state,
 //! plus connection lifecycle and flow-control credit.
 
+use crate::headers::Headers;
 use crate::types::{AckMode, ConnId, Destination};
 use bytes::Bytes;
 
 /// A SEND's content before the broker has numbered it.
 #[derive(Clone, Debug)]
 pub struct NewMessage {
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     pub body: Bytes,
     pub persistent: bool,
     pub priority: u8,

@@ -20,6 +20,7 @@ use crate::config::{DlqPolicy, EngineConfig, RedeliveryPolicy};
 use crate::effect::{Delivery, Effect, Output};
 use crate::error::EngineError;
 use crate::hash::{HashMap, IdMap};
+use crate::headers::Headers;
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
 use crate::origins::Origins;
@@ -903,7 +904,7 @@ impl Engine {
             seq: 0,
             id: format!("ID:haven-browse-end-{conn}-{sub_id}"),
             destination: destination.clone(),
-            headers: vec![("browser".to_string(), "end".to_string())],
+            headers: Headers::from_pairs(&[("browser", "end")]),
             body: bytes::Bytes::new(),
             persistent: false,
             priority: 0,

@@ -1,6 +1,7 @@
 //! A stored message. Shared (`Arc`) between every queue that holds it, so a topic message
 //! fanned out to many subscriptions is kept once.
 
+use crate::headers::Headers;
 use crate::types::Destination;
 use bytes::Bytes;
 
@@ -14,7 +15,7 @@ pub struct Message {
     /// Where the producer sent it.
     pub destination: Destination,
     /// The producer's own headers, passed through unchanged, in order.
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     pub body: Bytes,
     pub persistent: bool,
     /// 0–9, higher first.
@@ -57,10 +58,7 @@ impl Message {
 
     /// The first occurrence of a producer header.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.get(name)
     }
 
     /// Approximate memory the message costs while held in memory, for the memory budget and
@@ -69,11 +67,8 @@ impl Message {
     /// against the broker's resident memory holding many 1 KiB messages with a few headers.
     pub fn size_bytes(&self) -> usize {
         self.body.len()
-            + self
-                .headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD_BYTES)
-                .sum::<usize>()
+            + self.headers.text_bytes()
+            + self.headers.len() * HEADER_OVERHEAD_BYTES
             + self.id.len()
             + MESSAGE_OVERHEAD_BYTES
     }
@@ -83,8 +78,9 @@ impl Message {
 /// (set by the bridge that forwards it).
 pub(crate) const NET_PATH_HEADER: &str = "haven-net-path";
 
-/// Memory a header costs beyond its text: two `String`s and their heap blocks.
-const HEADER_OVERHEAD_BYTES: usize = 96;
+/// Memory a header costs beyond its text: its two offsets (`Headers`). When headers were two
+/// `String`s each this was 96.
+const HEADER_OVERHEAD_BYTES: usize = 8;
 /// Memory a held message costs beyond its body and headers.
 const MESSAGE_OVERHEAD_BYTES: usize = 768;
 
@@ -97,7 +93,7 @@ mod tests {
             seq: 1,
             id: "ID:haven-1".into(),
             destination: Destination::Queue("q".into()),
-            headers: vec![(NET_PATH_HEADER.into(), path.into())],
+            headers: Headers::from_pairs(&[(NET_PATH_HEADER, path)]),
             body: Bytes::new(),
             persistent: true,
             priority: 4,
@@ -117,7 +113,7 @@ mod tests {
             "spaces around names are ignored"
         );
         let mut local = with_path("A");
-        local.headers.clear();
+        local.headers = Headers::default();
         assert!(!local.has_been_on("A"), "a message sent here has no path");
     }
 }

@@ -5,6 +5,7 @@
 //! (compaction) or moved (dead-letter queue) by writing it again. The log's own framing adds
 //! length and CRC32C; this encoding is versioned by the leading tag byte.
 
+use crate::headers::Headers;
 use crate::message::Message;
 use crate::types::{Destination, QueueKey};
 use bytes::Bytes;
@@ -593,11 +594,12 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
     fn string(&mut self) -> Result<String, RecordError> {
+        self.str().map(str::to_string)
+    }
+    fn str(&mut self) -> Result<&'a str, RecordError> {
         let n = self.u32()? as usize;
         let b = self.take(n)?;
-        std::str::from_utf8(b)
-            .map(str::to_string)
-            .map_err(|_| self.err("invalid UTF-8"))
+        std::str::from_utf8(b).map_err(|_| self.err("invalid UTF-8"))
     }
     fn queue(&mut self) -> Result<QueueKey, RecordError> {
         match self.u8()? {
@@ -655,9 +657,19 @@ impl<'a> Reader<'a> {
             _ => return Err(self.err("unknown destination kind")),
         };
         let n = self.count(8)?;
-        let mut headers = Vec::with_capacity(n);
+        // Two passes: the first sizes the text, so the headers are allocated once.
+        let start = self.pos;
+        let mut text_bytes = 0;
+        for _ in 0..2 * n {
+            let len = self.u32()? as usize;
+            self.take(len)?;
+            text_bytes += len;
+        }
+        self.pos = start;
+        let mut headers = Headers::with_capacity(n, text_bytes);
         for _ in 0..n {
-            headers.push((self.string()?, self.string()?));
+            let name = self.str()?;
+            headers.push(name, self.str()?);
         }
         let len = self.u32()? as usize;
         let start = self.pos;
@@ -695,7 +707,7 @@ mod tests {
             seq,
             id: format!("ID:haven-{seq}"),
             destination: Destination::Queue("q".into()),
-            headers,
+            headers: headers.into_iter().collect(),
             body: Bytes::from(body),
             persistent: true,
             priority: (seq % 10) as u8,

@@ -18,6 +18,7 @@ use super::Engine;
 use crate::command::NewMessage;
 use crate::cron::Cron;
 use crate::error::EngineError;
+use crate::headers::Headers;
 use crate::live::LiveObject;
 use crate::message::Message;
 use crate::record::{Record, ScheduleState};
@@ -54,14 +55,11 @@ pub(super) struct Timetable {
     pub cron: Option<Cron>,
 }
 
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.trim())
+fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
+    headers.get(name).map(str::trim)
 }
 
-fn parse_ms(headers: &[(String, String)], name: &str) -> Result<u64, EngineError> {
+fn parse_ms(headers: &Headers, name: &str) -> Result<u64, EngineError> {
     let Some(text) = header(headers, name) else {
         return Ok(0);
     };
@@ -78,7 +76,7 @@ fn parse_ms(headers: &[(String, String)], name: &str) -> Result<u64, EngineError
 }
 
 /// The timetable a SEND asks for, or None for an ordinary (immediate) SEND.
-pub(super) fn timetable(headers: &[(String, String)]) -> Result<Option<Timetable>, EngineError> {
+pub(super) fn timetable(headers: &Headers) -> Result<Option<Timetable>, EngineError> {
     let delay_ms = parse_ms(headers, HEADER_DELAY)?;
     let period_ms = parse_ms(headers, HEADER_PERIOD)?;
     let repeat = match header(headers, HEADER_REPEAT) {

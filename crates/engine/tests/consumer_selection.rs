@@ -159,7 +159,7 @@ fn browsing_copies_the_queue_without_consuming_then_marks_the_end() {
     assert_eq!(shown, vec!["m0", "m1", "m2", ""]);
     assert_eq!(
         d.last().unwrap().1.message.headers,
-        vec![("browser".to_string(), "end".to_string())]
+        haven_engine::Headers::from_pairs(&[("browser", "end")])
     );
     // Nothing was consumed: a real consumer still gets all three; the browser gets no more.
     h.ok(Command::Unsubscribe {

@@ -368,7 +368,7 @@ fn priority_orders_higher_first_and_fifo_within_a_priority() {
             conn: 1,
             destination: Destination::Queue("p".into()),
             message: NewMessage {
-                headers: vec![],
+                headers: Default::default(),
                 body: body.to_string().into(),
                 persistent: true,
                 priority: p,
@@ -391,7 +391,7 @@ fn expired_messages_are_never_delivered() {
         conn: 1,
         destination: Destination::Queue("e".into()),
         message: NewMessage {
-            headers: vec![],
+            headers: Default::default(),
             body: "old".into(),
             persistent: true,
             priority: 4,
@@ -569,7 +569,7 @@ fn expired_messages_can_go_to_the_dlq_instead() {
         conn: 1,
         destination: Destination::Queue("e".into()),
         message: NewMessage {
-            headers: vec![],
+            headers: Default::default(),
             body: "late".into(),
             persistent: true,
             priority: 4,

@@ -26,7 +26,7 @@ fn send(
         conn,
         destination: Destination::Queue("q".into()),
         message: NewMessage {
-            headers: Vec::new(),
+            headers: Default::default(),
             body: Bytes::from(body.to_string()),
             persistent,
             priority: 4,
@@ -126,10 +126,8 @@ fn transactional_send_headers_are_not_interpreted_and_a_resent_commit_is_discard
             transaction: "t".into(),
             receipt: None,
         });
-        let headers = vec![
-            ("haven-producer".to_string(), "p".to_string()),
-            ("haven-seq".to_string(), "1".to_string()),
-        ];
+        let headers =
+            haven_engine::Headers::from_pairs(&[("haven-producer", "p"), ("haven-seq", "1")]);
         h.ok(Command::Send {
             conn: 1,
             destination: Destination::Queue("q".into()),
@@ -265,7 +263,7 @@ fn a_scheduled_send_and_its_mark_are_one_record() {
         conn: 1,
         destination: Destination::Queue("q".into()),
         message: NewMessage {
-            headers: vec![("AMQ_SCHEDULED_DELAY".into(), "60000".into())],
+            headers: haven_engine::Headers::from_pairs(&[("AMQ_SCHEDULED_DELAY", "60000")]),
             body: Bytes::from_static(b"later"),
             persistent: true,
             priority: 4,
@@ -293,7 +291,7 @@ fn a_scheduled_send_and_its_mark_are_one_record() {
             conn: 2,
             destination: Destination::Queue("q".into()),
             message: NewMessage {
-                headers: vec![("AMQ_SCHEDULED_DELAY".into(), "60000".into())],
+                headers: haven_engine::Headers::from_pairs(&[("AMQ_SCHEDULED_DELAY", "60000")]),
                 body: Bytes::from_static(b"later"),
                 persistent: true,
                 priority: 4,

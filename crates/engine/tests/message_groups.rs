@@ -16,7 +16,7 @@ fn send(h: &mut Harness, group: &str, body: &str, seq: Option<i64>) -> Vec<Effec
         conn: 1,
         destination: Destination::Queue("g".into()),
         message: NewMessage {
-            headers,
+            headers: headers.into_iter().collect(),
             body: Bytes::from(body.to_string()),
             persistent: true,
             priority: 4,

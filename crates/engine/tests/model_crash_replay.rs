@@ -803,7 +803,7 @@ impl Model {
             },
         );
         let receipt = self.receipt(receipt);
-        let mut headers = vec![("body".into(), body.clone())];
+        let mut headers: Vec<(String, String)> = vec![("body".into(), body.clone())];
         let seq = producer.map(|(p, seq)| ProducerSeq {
             producer: PRODUCERS[p].into(),
             seq,
@@ -816,7 +816,7 @@ impl Model {
             conn,
             destination: target.destination(),
             message: NewMessage {
-                headers,
+                headers: headers.into_iter().collect(),
                 body: Bytes::from(body.clone()),
                 persistent,
                 priority,
@@ -1198,7 +1198,11 @@ impl Model {
         assert_eq!(m.expires_ms, sent.expires_ms, "{body}");
         assert_eq!(m.persistent, sent.persistent, "{body}");
         // Producer headers (if any) stay on the message after the body header.
-        assert_eq!(m.headers[0], ("body".to_string(), body.clone()), "{body}");
+        assert_eq!(
+            m.headers.iter().next(),
+            Some(("body", body.as_str())),
+            "{body}"
+        );
         let seq = *self.seq_of.entry(body.clone()).or_insert(m.seq);
         assert_eq!(seq, m.seq, "{body} changed its seq");
         // No message-id is ever given to two messages, across restarts too

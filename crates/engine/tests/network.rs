@@ -84,7 +84,7 @@ fn send_forwarded(
         conn,
         destination: Destination::parse(dest, conn).unwrap(),
         message: NewMessage {
-            headers,
+            headers: headers.into_iter().collect(),
             body: Bytes::from(body.to_string()),
             persistent: true,
             priority: 4,
@@ -517,7 +517,7 @@ fn send_with(
         conn,
         destination: Destination::Queue("q".into()),
         message: NewMessage {
-            headers: Vec::new(),
+            headers: Default::default(),
             body: Bytes::from(body.to_string()),
             persistent: true,
             priority: 4,

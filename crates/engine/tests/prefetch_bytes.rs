@@ -15,7 +15,7 @@ fn send_big(h: &mut Harness, n: usize) {
             conn: 1,
             destination: Destination::Queue("big".into()),
             message: NewMessage {
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: Bytes::from(vec![b'x'; BODY_BYTES]),
                 persistent: true,
                 priority: 4,

@@ -84,7 +84,7 @@ fn records_that_fit_are_accepted_and_never_exceed_the_limit() {
         conn: 1,
         destination: Destination::Topic("t".into()),
         message: NewMessage {
-            headers: vec![],
+            headers: Default::default(),
             body: "x".into(),
             persistent: true,
             priority: 4,
@@ -103,7 +103,7 @@ fn records_that_fit_are_accepted_and_never_exceed_the_limit() {
         conn: 1,
         destination: Destination::Topic("t".into()),
         message: NewMessage {
-            headers: vec![],
+            headers: Default::default(),
             body: vec![0u8; limit].into(),
             persistent: true,
             priority: 4,

@@ -28,7 +28,7 @@ fn send(h: &mut Harness, dest: &str, body: &str, color: &str) -> Vec<Effect> {
         conn: 1,
         destination: Destination::parse(dest, 1).unwrap(),
         message: NewMessage {
-            headers: vec![("color".into(), color.into())],
+            headers: haven_engine::Headers::from_pairs(&[("color", color)]),
             body: Bytes::from(body.to_string()),
             persistent: true,
             priority: 4,

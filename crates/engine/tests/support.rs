@@ -199,7 +199,7 @@ impl Harness {
             conn,
             destination: Destination::parse(dest, conn).unwrap(),
             message: NewMessage {
-                headers: vec![("k".into(), "v".into())],
+                headers: haven_engine::Headers::from_pairs(&[("k", "v")]),
                 body: Bytes::from(body.to_string()),
                 persistent,
                 priority: 4,

@@ -76,7 +76,7 @@ fn sending_to_a_wildcard_or_consuming_a_wildcard_queue_is_refused() {
         conn: 1,
         destination: Destination::Topic("a.>".into()),
         message: NewMessage {
-            headers: vec![],
+            headers: Default::default(),
             body: "x".into(),
             persistent: true,
             priority: 4,

@@ -17,7 +17,7 @@ use crate::send_window::{send_body_bytes, SendWindow};
 use futures::{SinkExt, StreamExt};
 use haven_engine::selector::Selector;
 use haven_engine::{
-    AckMode, AckRef, Command, ConnId, Delivery, Destination, NetworkConsumer, NewMessage,
+    AckMode, AckRef, Command, ConnId, Delivery, Destination, Headers, NetworkConsumer, NewMessage,
     ProducerSeq, SubscribeOptions, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX,
 };
 use haven_stomp::{Command as Cmd, Frame, Item, Limits, StompCodec, Version};
@@ -449,9 +449,9 @@ async fn run(
                         let _ = core.send(CoreMsg::Fail { conn, message: e.to_string(), receipt: None }).await;
                     }
                     Some(Ok(Item::Heartbeat)) => {}
-                    Some(Ok(Item::Frame(mut frame))) => {
+                    Some(Ok(Item::Frame(frame))) => {
                         let disconnect = frame.command == Cmd::Disconnect;
-                        let msg = match translate(conn, &mut frame, s.version, shared) {
+                        let msg = match translate(conn, &frame, s.version, shared) {
                             Ok(cmd) => with_credit(&window, cmd),
                             Err(Refusal::Composite(cmds)) => {
                                 // One SEND to several destinations: one command each, in order;
@@ -642,11 +642,10 @@ impl From<&str> for Refusal {
 /// Most destinations one composite SEND may name.
 const COMPOSITE_DESTINATIONS_MAX: usize = 64;
 
-/// Turns a client frame into an engine command, or says what is wrong with it. An accepted
-/// SEND's headers move into its message (a refused frame keeps them).
+/// Turns a client frame into an engine command, or says what is wrong with it.
 pub(crate) fn translate(
     conn: ConnId,
-    frame: &mut Frame,
+    frame: &Frame,
     version: Version,
     shared: &Shared,
 ) -> Result<Command, Refusal> {
@@ -694,7 +693,7 @@ pub(crate) fn translate(
             };
             // The first `reply-to` naming the owner's own temporary destination becomes a name
             // any connection can send to.
-            let mut reply_to = match frame.header("reply-to") {
+            let reply_to = match frame.header("reply-to") {
                 Some(v) if v.starts_with("/temp-") => Some(dest(v)?.to_string()),
                 _ => None,
             };
@@ -716,25 +715,30 @@ pub(crate) fn translate(
                         .into(),
                 ));
             }
-            // Nothing fails from here on, so the frame's headers can move into the message
-            // instead of being copied (two allocations per header, on every SEND): a refused
-            // frame still has them (its receipt).
-            let mut headers: Vec<(String, String)> = Vec::with_capacity(frame.headers.len());
-            for (k, v) in std::mem::take(&mut frame.headers) {
-                if RESERVED_HEADERS.contains(&k.as_str())
-                    || k == ORIGIN_HEADER
-                    || headers.iter().any(|(k2, _)| *k2 == k)
-                {
-                    // Broker-managed, or a repeat (the first occurrence wins). The origin is
-                    // kept as the message's producer mark; as a header too, a forwarded
-                    // message would store it twice and hand it to every consumer.
-                    continue;
-                }
-                let v = match k.as_str() {
-                    "reply-to" => reply_to.take().unwrap_or(v),
-                    _ => v,
-                };
-                headers.push((k, v));
+            // The message keeps the producer's headers less the broker-managed ones and
+            // repeats (the first occurrence wins). The origin is kept as the message's
+            // producer mark; as a header too, a forwarded message would store it twice and
+            // hand it to every consumer.
+            let kept = || {
+                frame.headers.iter().enumerate().filter_map(|(i, (k, v))| {
+                    let k = k.as_str();
+                    if RESERVED_HEADERS.contains(&k)
+                        || k == ORIGIN_HEADER
+                        || frame.headers[..i].iter().any(|(k2, _)| k2 == k)
+                    {
+                        return None;
+                    }
+                    match (k, &reply_to) {
+                        ("reply-to", Some(rewritten)) => Some((k, rewritten.as_str())),
+                        _ => Some((k, v.as_str())),
+                    }
+                })
+            };
+            let (count, text_bytes) =
+                kept().fold((0, 0), |(n, b), (k, v)| (n + 1, b + k.len() + v.len()));
+            let mut headers = Headers::with_capacity(count, text_bytes);
+            for (k, v) in kept() {
+                headers.push(k, v);
             }
             let message = NewMessage {
                 headers,
@@ -1023,7 +1027,7 @@ fn encode_message(
         .iter()
         .copied()
         .filter(move |(k, _)| v12 || *k != "ack")
-        .chain(m.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        .chain(m.headers.iter());
     encoder.encode_parts(Cmd::Message, headers, &m.body, dst)
 }
 
@@ -1062,7 +1066,11 @@ fn render_message(d: &Delivery, version: Version) -> Frame {
                 .map(|(k, v)| (clean(k, true), clean(v, false))),
         );
     } else {
-        headers.extend(m.headers.iter().cloned());
+        headers.extend(
+            m.headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
     }
     Frame {
         command: Cmd::Message,

@@ -898,7 +898,7 @@ mod tests {
             conn: 1,
             destination: Destination::Queue(q.into()),
             message: NewMessage {
-                headers: vec![],
+                headers: Default::default(),
                 body: vec![b'x'; body].into(),
                 persistent: true,
                 priority: 4,

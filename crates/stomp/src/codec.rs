@@ -85,7 +85,7 @@ impl StompCodec {
             limits,
             version: Version::V1_0,
             phase: Phase::Idle,
-            headers: Vec::new(),
+            headers: Default::default(),
             head_bytes: 0,
             scanned_bytes: 0,
         }

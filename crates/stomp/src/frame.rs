@@ -120,7 +120,7 @@ impl Frame {
     pub fn new(command: Command) -> Frame {
         Frame {
             command,
-            headers: Vec::new(),
+            headers: Default::default(),
             body: Bytes::new(),
         }
     }

@@ -75,7 +75,7 @@ fn message(seq: u64) -> Arc<Message> {
         seq,
         id: format!("m-{seq}"),
         destination: Destination::Queue("work".into()),
-        headers: vec![("k".into(), "v".into())],
+        headers: haven_engine::Headers::from_pairs(&[("k", "v")]),
         body: Bytes::from(vec![seq as u8; 300]),
         persistent: true,
         priority: 4,

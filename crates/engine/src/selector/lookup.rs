@@ -24,12 +24,7 @@ use crate::message::Message;
 /// (see the module documentation). A header that is absent is NULL.
 pub fn message_lookup(m: &Message) -> impl Fn(&str) -> Option<Value> + '_ {
     move |name| {
-        let header = |h: &str| {
-            m.headers
-                .iter()
-                .find(|(k, _)| k == h)
-                .map(|(_, v)| Value::Str(v.clone()))
-        };
+        let header = |h: &str| m.headers.get(h).map(|v| Value::Str(v.to_string()));
         match name {
             "JMSPriority" => Some(Value::Long(m.priority.into())),
             "JMSTimestamp" => i64::try_from(m.timestamp_ms).ok().map(Value::Long),
@@ -55,6 +50,7 @@ pub fn message_lookup(m: &Message) -> impl Fn(&str) -> Option<Value> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::headers::Headers;
     use crate::selector::Selector;
     use crate::types::Destination;
     use bytes::Bytes;
@@ -64,16 +60,16 @@ mod tests {
             seq: 1,
             id: "ID:haven-1".into(),
             destination: Destination::Queue("orders".into()),
-            headers: vec![
-                ("type".into(), "order".into()),
-                ("correlation-id".into(), "c-7".into()),
-                ("reply-to".into(), "/queue/replies".into()),
-                ("amount".into(), "12.5".into()),
-                ("count".into(), "3".into()),
-                ("region".into(), "EU".into()),
-                ("region".into(), "US".into()),
-                ("urgent".into(), "true".into()),
-            ],
+            headers: Headers::from_pairs(&[
+                ("type", "order"),
+                ("correlation-id", "c-7"),
+                ("reply-to", "/queue/replies"),
+                ("amount", "12.5"),
+                ("count", "3"),
+                ("region", "EU"),
+                ("region", "US"),
+                ("urgent", "true"),
+            ]),
             body: Bytes::new(),
             persistent: true,
             priority: 7,

@@ -221,7 +221,10 @@ impl Delivered {
             Delivered::Remote(m) => {
                 headers = Vec::with_capacity(m.headers.len() + 3);
                 headers.push(("destination", destination));
-                push_passed(&mut headers, &m.headers);
+                push_passed(
+                    &mut headers,
+                    m.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                );
             }
             Delivered::Local(d) => {
                 let m = &d.message;
@@ -233,7 +236,7 @@ impl Delivered {
                 if m.expires_ms != 0 {
                     headers.push(("expires", scratch.expires.as_str()));
                 }
-                push_passed(&mut headers, &m.headers);
+                push_passed(&mut headers, m.headers.iter());
             }
         }
         headers.push((ORIGIN_HEADER, scratch.origin.as_str()));
@@ -264,7 +267,10 @@ pub(crate) struct ForwardScratch {
 /// Appends the headers of `from` a forwarded SEND keeps: the first occurrence of each, less
 /// what the source broker set for the delivery and the exactly-once and network headers the
 /// forwarding replaces.
-fn push_passed<'a>(to: &mut Vec<(&'a str, &'a str)>, from: &'a [(String, String)]) {
+fn push_passed<'a>(
+    to: &mut Vec<(&'a str, &'a str)>,
+    from: impl Iterator<Item = (&'a str, &'a str)>,
+) {
     const DROPPED: &[&str] = &[
         "destination",
         "message-id",
@@ -281,10 +287,10 @@ fn push_passed<'a>(to: &mut Vec<(&'a str, &'a str)>, from: &'a [(String, String)
         PATH_HEADER,
     ];
     for (k, v) in from {
-        if DROPPED.contains(&k.as_str()) || to.iter().any(|(k2, _)| *k2 == k) {
+        if DROPPED.contains(&k) || to.iter().any(|(k2, _)| *k2 == k) {
             continue;
         }
-        to.push((k.as_str(), v.as_str()));
+        to.push((k, v));
     }
 }
 
@@ -332,11 +338,11 @@ mod tests {
             seq: 1,
             id: "ID:haven-9".into(),
             destination: Destination::Queue("q".into()),
-            headers: vec![
-                ("haven-producer".into(), "p".into()),
-                ("haven-seq".into(), "1".into()),
-                ("reply-to".into(), "/queue/r".into()),
-            ],
+            headers: haven_engine::Headers::from_pairs(&[
+                ("haven-producer", "p"),
+                ("haven-seq", "1"),
+                ("reply-to", "/queue/r"),
+            ]),
             body: Bytes::from_static(b"y"),
             persistent: false,
             priority: 7,

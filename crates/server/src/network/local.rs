@@ -264,7 +264,7 @@ impl LocalConn {
     /// Translates `frame` as the listener would and hands it to the core. A SEND waits while
     /// the core holds this connection's SENDs back (producer flow control); nothing else does,
     /// so acknowledgements keep draining the broker meanwhile.
-    async fn frame(&self, mut frame: Frame) -> Result<(), ClientError> {
+    async fn frame(&self, frame: Frame) -> Result<(), ClientError> {
         if frame.command == Cmd::Send {
             let mut paused = self.inner.paused.clone();
             let mut closed = self.inner.closed.clone();
@@ -273,19 +273,14 @@ impl LocalConn {
                 _ = closed.wait_for(|c| c.is_some()) => {}
             }
         }
-        let command = translate(
-            self.inner.conn,
-            &mut frame,
-            Version::V1_2,
-            &self.inner.shared,
-        )
-        .map_err(|refusal| {
-            ClientError::Protocol(format!(
-                "this broker refused a bridge's {} frame: {}",
-                frame.command.as_str(),
-                refusal.message()
-            ))
-        })?;
+        let command = translate(self.inner.conn, &frame, Version::V1_2, &self.inner.shared)
+            .map_err(|refusal| {
+                ClientError::Protocol(format!(
+                    "this broker refused a bridge's {} frame: {}",
+                    frame.command.as_str(),
+                    refusal.message()
+                ))
+            })?;
         self.core(command).await
     }
 
@@ -546,7 +541,7 @@ mod tests {
                 seq: 1,
                 id: "ID:none".into(),
                 destination: haven_engine::Destination::Queue("q".into()),
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: Bytes::new(),
                 persistent: true,
                 priority: 4,
