@@ -95,8 +95,8 @@ fn needs_escape(b: u8, mode: Escaping) -> bool {
 /// How many bytes `escape_into` checks at once.
 const ESCAPE_CHUNK_BYTES: usize = 16;
 
-/// Whether any byte of `chunk` needs escaping: every byte is compared, without an early exit,
-/// so the compiler can compare a whole chunk in a few vector instructions.
+/// Whether any byte of `chunk` needs escaping: every byte is compared, without an early exit
+/// or a branch, so the compiler can compare many at once in vector instructions.
 fn any_needs_escape(chunk: &[u8], mode: Escaping) -> bool {
     let cr = mode == Escaping::V1_2;
     chunk.iter().fold(false, |found, &b| {
@@ -134,11 +134,16 @@ pub(crate) fn escape_into(
         dst.put_slice(bytes);
         return Ok(());
     }
+    // Values are mostly plain, and the byte-at-a-time loop below was 5% of a broker
+    // delivering 1 KiB messages and 14% of a bridge's thread.
+    if !any_needs_escape(bytes, mode) {
+        dst.put_slice(bytes);
+        return Ok(());
+    }
     let mut run_start = 0;
     let mut i = 0;
     while i < bytes.len() {
-        // Whole chunks without a byte to escape are skipped at once: values are mostly
-        // plain, and the byte-at-a-time loop was 5% of a broker delivering 1 KiB messages.
+        // Whole chunks without a byte to escape are skipped at once.
         if let Some(chunk) = bytes.get(i..i + ESCAPE_CHUNK_BYTES) {
             if !any_needs_escape(chunk, mode) {
                 i += ESCAPE_CHUNK_BYTES;
