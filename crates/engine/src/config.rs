@@ -110,7 +110,7 @@ impl Default for EngineConfig {
             redelivery_policies: Vec::new(),
             prefetch_default: 1000,
             prefetch_max: 65_536,
-            prefetch_bytes_max: 64 << 20,
+            prefetch_bytes_max: 16 << 20,
             transaction_ops_max: 100_000,
             transaction_bytes_max: 16 * 1024 * 1024,
             transactions_per_connection_max: 1_000,

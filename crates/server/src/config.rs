@@ -117,8 +117,9 @@ pub struct DeliveryConfig {
     pub prefetch_max: u32,
     /// Bytes of unacknowledged messages per subscription, besides the prefetch count (like
     /// Artemis's `consumerWindowSize`, 1 MiB there): large messages fill it before the count
-    /// does. 64 MiB by default: smaller windows cost 64 KiB messages 10–25% of their rate and
-    /// saved only 40–60 MiB of peak RSS (docs/PERFORMANCE.md, "Memory with large messages").
+    /// does. 16 MiB by default: a consumer of 64 KiB messages that falls behind leaves more of
+    /// its backlog paged out and read back (10–15% of its rate), but a broker's memory per
+    /// consumer stays bounded (docs/PERFORMANCE.md, "Memory with large messages").
     pub prefetch_bytes_max: u64,
     pub topic_subscriber_pending_max: usize,
     /// Most messages a browsing subscription (`browser:true`) is sent.
@@ -368,7 +369,7 @@ impl Default for DeliveryConfig {
             dlq_prefix: "DLQ.".into(),
             prefetch_default: 1_000,
             prefetch_max: 65_536,
-            prefetch_bytes_max: 64 << 20,
+            prefetch_bytes_max: 16 << 20,
             topic_subscriber_pending_max: 100_000,
             browse_messages_max: 10_000,
         }
@@ -820,7 +821,7 @@ mod tests {
         assert_eq!(c.journal.dir, PathBuf::from("data"));
         assert!(c.broker.default_persistent);
         assert_eq!(c.delivery.redeliveries_max, 6);
-        assert_eq!(c.delivery.prefetch_bytes_max, 64 << 20);
+        assert_eq!(c.delivery.prefetch_bytes_max, 16 << 20);
         assert_eq!(c.broker.worker_threads, 0);
         assert_eq!(c.worker_threads_effective(2), 1);
         assert_eq!(c.worker_threads_effective(1), 1);
