@@ -305,6 +305,7 @@ impl Core {
         let mut redelivery = tokio::time::interval(Duration::from_millis(REDELIVERY_TICK_MS));
         redelivery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut lost = self.lost.take();
+        let mut spell = crate::idle::IdleSpell::default();
         let result = loop {
             tokio::select! {
                 biased;
@@ -324,6 +325,7 @@ impl Core {
                 // buffer without bound.
                 msg = rx.recv(), if self.accepting() => {
                     let Some(msg) = msg else { break Ok(()) };
+                    spell.busy();
                     self.on_msg(msg);
                     for _ in 0..COMMANDS_PER_BATCH_MAX {
                         if !self.accepting() {
@@ -342,6 +344,10 @@ impl Core {
                     self.absorb();
                 }
                 _ = tick.tick() => {
+                    if spell.tick() {
+                        // No command for a whole maintenance interval.
+                        crate::idle::idle();
+                    }
                     self.maintain();
                     // Bounds how long a lazy record waits for a sync.
                     self.journal.flush();

@@ -9,6 +9,7 @@ mod connection;
 mod core;
 mod error;
 pub mod ha;
+mod idle;
 mod loader;
 mod lock;
 pub mod log;
@@ -34,6 +35,7 @@ pub fn lock_data_dir(dir: &std::path::Path) -> Result<Box<dyn Send + Sync>, Serv
 }
 pub use error::ServerError;
 pub use ha::{run_shared, run_shared_with, Edges, Mastership, Role, SharedStore};
+pub use idle::set_idle_hook;
 pub use log::{DurableLog, LogStore, OnRecord};
 pub use net::{Accepted, Listener, Network, TcpNetwork};
 pub use shared_fs::SharedFsStore;

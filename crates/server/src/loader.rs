@@ -62,12 +62,20 @@ impl Prefetched {
         self.order.push_back(key);
     }
 
+    fn clear(&mut self) {
+        *self = Prefetched::default();
+    }
+
     fn remove(&mut self, key: &(u64, u64)) -> Option<Arc<Message>> {
         let (msg, size) = self.messages.remove(key)?;
         self.bytes -= size;
         Some(msg)
     }
 }
+
+/// How long the read-ahead thread waits for a hint before it counts as idle: then it drops
+/// what it decoded and nobody took, and gives its freed memory back (`idle`).
+const READ_AHEAD_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 type Decoded = Arc<Mutex<Prefetched>>;
 
@@ -99,8 +107,22 @@ impl JournalLoader {
             .name("haven-prefetch".into())
             .spawn(move || {
                 let mut reader: Option<Reader> = None;
+                let mut spell = crate::idle::IdleSpell::default();
                 // Ends when the loader (the engine) is dropped.
-                while let Ok(batch) = rx.recv() {
+                loop {
+                    let batch = match rx.recv_timeout(READ_AHEAD_IDLE) {
+                        Ok(batch) => batch,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            if spell.tick() {
+                                // What nobody took for that long is read again if asked.
+                                decoded.lock().expect("prefetch map").clear();
+                                crate::idle::idle();
+                            }
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    };
+                    spell.busy();
                     for (lsn, seq) in batch {
                         if decoded
                             .lock()
