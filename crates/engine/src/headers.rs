@@ -27,13 +27,18 @@ impl Headers {
 
     /// Headers from pairs, in their order, sized exactly.
     pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Headers {
-        let text_bytes = pairs
-            .iter()
-            .map(|(k, v)| k.as_ref().len() + v.as_ref().len())
-            .sum();
-        let mut h = Headers::with_capacity(pairs.len(), text_bytes);
+        Headers::sized(pairs.iter().map(|(k, v)| (k.as_ref(), v.as_ref())))
+    }
+
+    /// Headers from the pairs `pairs` yields, in their order: one pass over a copy of the
+    /// iterator sizes them, so building them allocates once.
+    pub fn sized<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Headers {
+        let (count, text_bytes) = pairs
+            .clone()
+            .fold((0, 0), |(n, b), (k, v)| (n + 1, b + k.len() + v.len()));
+        let mut h = Headers::with_capacity(count, text_bytes);
         for (k, v) in pairs {
-            h.push(k.as_ref(), v.as_ref());
+            h.push(k, v);
         }
         h
     }

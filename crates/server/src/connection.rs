@@ -719,29 +719,21 @@ pub(crate) fn translate(
             // repeats (the first occurrence wins). The origin is kept as the message's
             // producer mark; as a header too, a forwarded message would store it twice and
             // hand it to every consumer.
-            let kept = || {
-                frame.headers.iter().enumerate().filter_map(|(i, (k, v))| {
-                    let k = k.as_str();
-                    if RESERVED_HEADERS.contains(&k)
-                        || k == ORIGIN_HEADER
-                        || frame.headers[..i].iter().any(|(k2, _)| k2 == k)
-                    {
-                        return None;
-                    }
-                    match (k, &reply_to) {
-                        ("reply-to", Some(rewritten)) => Some((k, rewritten.as_str())),
-                        _ => Some((k, v.as_str())),
-                    }
-                })
-            };
-            let (count, text_bytes) =
-                kept().fold((0, 0), |(n, b), (k, v)| (n + 1, b + k.len() + v.len()));
-            let mut headers = Headers::with_capacity(count, text_bytes);
-            for (k, v) in kept() {
-                headers.push(k, v);
-            }
+            let kept = frame.headers.iter().enumerate().filter_map(|(i, (k, v))| {
+                let k = k.as_str();
+                if RESERVED_HEADERS.contains(&k)
+                    || k == ORIGIN_HEADER
+                    || frame.headers[..i].iter().any(|(k2, _)| k2 == k)
+                {
+                    return None;
+                }
+                match (k, &reply_to) {
+                    ("reply-to", Some(rewritten)) => Some((k, rewritten.as_str())),
+                    _ => Some((k, v.as_str())),
+                }
+            });
             let message = NewMessage {
-                headers,
+                headers: Headers::sized(kept),
                 body: frame.body.clone(),
                 persistent,
                 priority,

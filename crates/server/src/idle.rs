@@ -1,9 +1,9 @@
 //! What the broker does once it has been idle a while: hands back memory it freed.
 //!
 //! Why: mimalloc returns what a thread freed to the kernel only while that thread allocates,
-//! so a broker that goes quiet after a burst keeps it. Measured: 8 s of 64 KiB messages, then
-//! 3 s idle, left 82–90 MiB resident; collecting when idle left 33–36 MiB
-//! (docs/PERFORMANCE.md). The server crate does not choose the allocator, the binary does, so
+//! so a broker that goes quiet after a burst keeps it. Measured (`bench/idle_memory.sh`): 8 s
+//! of 64 KiB messages, then 3 s idle, left 82–90 MiB resident; collecting when idle left
+//! 55–62 MiB (docs/PERFORMANCE.md). The server crate does not choose the allocator, the binary does, so
 //! the binary installs the collection here (`set_idle_hook`); without one, nothing happens.
 
 use std::sync::OnceLock;
@@ -23,8 +23,9 @@ pub(crate) fn idle() {
     }
 }
 
-/// Tells whether a thread has become idle: `tick` is called on a timer, `busy` whenever work
-/// arrives; `tick` answers true once per quiet spell, on the first tick of it that saw no work.
+/// Tells whether a thread on a periodic timer (the core) has become idle: `tick` is called on
+/// the timer, `busy` whenever work arrives; `tick` answers true once per quiet spell, on the
+/// first tick of it that saw no work since the tick before.
 #[derive(Debug, Default)]
 pub(crate) struct IdleSpell {
     busy: bool,

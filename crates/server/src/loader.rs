@@ -107,13 +107,15 @@ impl JournalLoader {
             .name("haven-prefetch".into())
             .spawn(move || {
                 let mut reader: Option<Reader> = None;
-                let mut spell = crate::idle::IdleSpell::default();
+                // Whether a hint came since the thread last went idle: the timeout below is a
+                // whole quiet second already, so one is enough to count as idle.
+                let mut worked = true;
                 // Ends when the loader (the engine) is dropped.
                 loop {
                     let batch = match rx.recv_timeout(READ_AHEAD_IDLE) {
                         Ok(batch) => batch,
                         Err(mpsc::RecvTimeoutError::Timeout) => {
-                            if spell.tick() {
+                            if std::mem::take(&mut worked) {
                                 // What nobody took for that long is read again if asked.
                                 decoded.lock().expect("prefetch map").clear();
                                 crate::idle::idle();
@@ -122,7 +124,7 @@ impl JournalLoader {
                         }
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
                     };
-                    spell.busy();
+                    worked = true;
                     for (lsn, seq) in batch {
                         if decoded
                             .lock()
