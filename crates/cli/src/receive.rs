@@ -248,8 +248,8 @@ fn print(out: &mut impl Write, what: Print, msg: &Message) -> std::io::Result<()
             let mut object = serde_json::Map::new();
             for (k, v) in &msg.headers {
                 object
-                    .entry(k.clone())
-                    .or_insert_with(|| serde_json::Value::String(v.clone()));
+                    .entry(k.to_string())
+                    .or_insert_with(|| serde_json::Value::String(v.to_string()));
             }
             writeln!(out, "{}", serde_json::Value::Object(object))
         }

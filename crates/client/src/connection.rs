@@ -37,7 +37,7 @@ struct Inner {
     outgoing: mpsc::Sender<Bytes>,
     shared: Arc<Shared>,
     version: Version,
-    connected_headers: Vec<(String, String)>,
+    connected_headers: haven_stomp::Headers,
     next_id: AtomicU64,
     subscription_buffer_messages_max: usize,
     disconnect_timeout_ms: u64,
@@ -145,11 +145,7 @@ impl Connection {
 
     /// A header of the broker's CONNECTED frame (`session`, `server`, `heart-beat`, ...).
     pub fn connected_header(&self, name: &str) -> Option<&str> {
-        self.inner
-            .connected_headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.inner.connected_headers.get(name)
     }
 
     /// Why the connection closed, or `None` while it is open.
@@ -748,11 +744,11 @@ mod tests {
 
     fn msg() -> Message {
         Message::from_headers(
-            vec![
-                ("message-id".into(), "m-7".into()),
-                ("subscription".into(), "s-1".into()),
-                ("ack".into(), "a-7".into()),
-            ],
+            haven_stomp::Headers::from_pairs(&[
+                ("message-id", "m-7"),
+                ("subscription", "s-1"),
+                ("ack", "a-7"),
+            ]),
             Bytes::new(),
         )
     }

@@ -29,7 +29,7 @@ mod writer;
 pub use connection::{Connection, FrameBatch, Receipt};
 pub use error::ClientError;
 pub use failover::{Client, ClientStats, ConnectionEvent};
-pub use haven_stomp::{Command, Frame, Version};
+pub use haven_stomp::{Command, Frame, Headers, Version};
 pub use message::Message;
 pub use options::{AckMode, ConnectOptions};
 pub use subscription::Subscription;

@@ -1,12 +1,13 @@
 //! A MESSAGE frame as the application sees it.
 
 use bytes::Bytes;
+use haven_stomp::Headers;
 
 /// A delivered message. `headers` are in wire order; [`Message::header`] returns the first
 /// occurrence (STOMP's "first wins" rule for repeated headers).
 #[derive(Debug, Clone)]
 pub struct Message {
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     pub body: Bytes,
     pub destination: String,
     pub message_id: String,
@@ -20,14 +21,8 @@ pub struct Message {
 impl Message {
     /// A message as a MESSAGE frame with these headers and body would arrive (for tests and
     /// tools that build deliveries by hand).
-    pub fn from_headers(headers: Vec<(String, String)>, body: Bytes) -> Message {
-        let first = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default()
-        };
+    pub fn from_headers(headers: Headers, body: Bytes) -> Message {
+        let first = |name: &str| headers.get(name).unwrap_or_default().to_string();
         let destination = first("destination");
         let message_id = first("message-id");
         let subscription = first("subscription");
@@ -45,10 +40,7 @@ impl Message {
 
     /// The first value of header `name`, if present.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.get(name)
     }
 
     /// The id to put in an ACK/NACK: the `ack` header (STOMP 1.2), else `message-id`.
@@ -61,11 +53,8 @@ impl Message {
 mod tests {
     use super::*;
 
-    fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+    fn h(pairs: &[(&str, &str)]) -> Headers {
+        Headers::from_pairs(pairs)
     }
 
     #[test]

@@ -98,7 +98,7 @@ async fn caller_chosen_subscription_id_is_used() {
     .await;
     assert_eq!(sub.id(), "durable-1");
     assert_eq!(f.header("id"), Some("durable-1"));
-    assert_eq!(f.headers.iter().filter(|(k, _)| k == "id").count(), 1);
+    assert_eq!(f.headers.iter().filter(|(k, _)| *k == "id").count(), 1);
     assert_eq!(f.header("activemq.subscriptionName"), Some("d1"));
 
     let c = conn.clone();

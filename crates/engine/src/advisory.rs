@@ -29,8 +29,8 @@
 //! to a consumer advisory topic gets one advisory for each destination that has consumers now.
 
 use crate::command::NetworkConsumer;
-use crate::headers::Headers;
 use crate::types::{ConnId, Destination};
+use haven_headers::Headers;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Topics under this prefix carry advisories; their own consumers are not advertised (an

@@ -1,9 +1,9 @@
 //! What the edges ask of the engine. One command per client frame that changes broker state,
 //! plus connection lifecycle and flow-control credit.
 
-use crate::headers::Headers;
 use crate::types::{AckMode, ConnId, Destination};
 use bytes::Bytes;
+use haven_headers::Headers;
 
 /// A SEND's content before the broker has numbered it.
 #[derive(Clone, Debug)]

@@ -23,7 +23,7 @@ mod effect;
 mod engine;
 mod error;
 pub mod hash;
-mod headers;
+
 mod live;
 mod message;
 mod origins;
@@ -38,7 +38,7 @@ pub use config::{DestinationLimits, DlqPolicy, EngineConfig, RedeliveryPolicy};
 pub use effect::{Delivery, Effect, Output};
 pub use engine::{Ctx, Engine, MemoryStats, MessageLoader, QueueStats};
 pub use error::EngineError;
-pub use headers::Headers;
+pub use haven_headers::Headers;
 pub use message::Message;
 pub use producers::{ProducerStats, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX};
 pub use record::{ProducerMark, Record, ScheduleState};

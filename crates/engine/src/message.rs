@@ -1,9 +1,9 @@
 //! A stored message. Shared (`Arc`) between every queue that holds it, so a topic message
 //! fanned out to many subscriptions is kept once.
 
-use crate::headers::Headers;
 use crate::types::Destination;
 use bytes::Bytes;
+use haven_headers::Headers;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {

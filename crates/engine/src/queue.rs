@@ -74,6 +74,15 @@ pub(crate) struct InFlight {
     pub tag: u64,
 }
 
+/// What a queue counts about a consumer it attaches; the same at attach and detach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConsumerKind {
+    /// A network bridge's (`SubscribeOptions::network`).
+    pub network: bool,
+    /// With a selector of its own (`Sub::selector`).
+    pub selector: bool,
+}
+
 #[derive(Debug)]
 pub(crate) struct Queue {
     pub key: QueueKey,
@@ -82,11 +91,14 @@ pub(crate) struct Queue {
     /// Handed to a consumer, not yet acknowledged.
     pub inflight: IdMap<InFlight>,
     /// (connection, subscription id), in the order they subscribed. Changed only through
-    /// `add_consumer` / `remove_consumer`, which keep `network_consumers`.
+    /// `add_consumer` / `remove_consumer`, which keep the counts below.
     pub consumers: Vec<(ConnId, String)>,
     /// How many of `consumers` are network bridges' (`SubscribeOptions::network`); the rest
     /// are local. Dispatch applies the return rule only while both kinds are present.
     network_consumers: usize,
+    /// How many of `consumers` have a selector of their own: dispatch takes the selective
+    /// path while any does (counted here so that dispatch need not look each one up).
+    selector_consumers: usize,
     /// Round-robin position in `consumers`.
     pub next_consumer: usize,
     /// Durable subscriptions: the topic (None only transiently during replay, when a re-logged
@@ -125,6 +137,7 @@ impl Queue {
             inflight: IdMap::default(),
             consumers: Vec::new(),
             network_consumers: 0,
+            selector_consumers: 0,
             next_consumer: 0,
             topic: None,
             record_lsn: 0,
@@ -141,7 +154,7 @@ impl Queue {
         }
     }
 
-    pub fn add_consumer(&mut self, conn: ConnId, sub_id: String, network: bool) {
+    pub fn add_consumer(&mut self, conn: ConnId, sub_id: String, kind: ConsumerKind) {
         debug_assert!(
             !self
                 .consumers
@@ -150,21 +163,29 @@ impl Queue {
             "consumer attached twice"
         );
         self.consumers.push((conn, sub_id));
-        self.network_consumers += usize::from(network);
+        self.network_consumers += usize::from(kind.network);
+        self.selector_consumers += usize::from(kind.selector);
     }
 
     /// Detaches a consumer (which must be attached): its message groups go to whichever
     /// consumer gets their next message, and round-robin starts over.
-    pub fn remove_consumer(&mut self, conn: ConnId, sub_id: &str, network: bool) {
+    pub fn remove_consumer(&mut self, conn: ConnId, sub_id: &str, kind: ConsumerKind) {
         let before = self.consumers.len();
         self.consumers.retain(|(c, s)| !(*c == conn && s == sub_id));
         assert_eq!(self.consumers.len() + 1, before, "consumer attached once");
-        if network {
+        if kind.network {
             assert!(
                 self.network_consumers > 0,
                 "network consumer count underflow"
             );
             self.network_consumers -= 1;
+        }
+        if kind.selector {
+            assert!(
+                self.selector_consumers > 0,
+                "selector consumer count underflow"
+            );
+            self.selector_consumers -= 1;
         }
         self.groups.retain(|_, (c, s)| !(*c == conn && s == sub_id));
         self.next_consumer = 0;
@@ -172,6 +193,11 @@ impl Queue {
 
     pub fn network_consumers(&self) -> usize {
         self.network_consumers
+    }
+
+    /// Whether a consumer with a selector of its own is attached.
+    pub fn has_selector_consumer(&self) -> bool {
+        self.selector_consumers > 0
     }
 
     /// Whether a consumer that is not a network bridge's is attached.
@@ -394,20 +420,37 @@ impl Drop for Queue {
 mod tests {
     use super::*;
 
+    const BRIDGE: ConsumerKind = ConsumerKind {
+        network: true,
+        selector: false,
+    };
+    const APP: ConsumerKind = ConsumerKind {
+        network: false,
+        selector: false,
+    };
+    const SELECTIVE_APP: ConsumerKind = ConsumerKind {
+        network: false,
+        selector: true,
+    };
+
     #[test]
-    fn local_and_network_consumers_are_counted_apart() {
+    fn local_network_and_selective_consumers_are_counted_apart() {
         let mut q = Queue::new(QueueKey::Queue("q".into()), Arc::default());
-        q.add_consumer(1, "bridge".into(), true);
+        q.add_consumer(1, "bridge".into(), BRIDGE);
         assert!(q.network_consumers() == 1 && !q.has_local_consumer());
-        q.add_consumer(2, "app".into(), false);
-        assert!(q.has_local_consumer());
+        q.add_consumer(2, "app".into(), APP);
+        assert!(q.has_local_consumer() && !q.has_selector_consumer());
+        q.add_consumer(3, "picky".into(), SELECTIVE_APP);
+        assert!(q.has_selector_consumer());
         q.groups.insert("g".into(), (2, "app".into()));
         q.next_consumer = 1;
-        q.remove_consumer(2, "app", false);
-        assert!(!q.has_local_consumer() && q.network_consumers() == 1);
+        q.remove_consumer(2, "app", APP);
+        assert!(q.has_local_consumer() && q.network_consumers() == 1);
         assert!(q.groups.is_empty(), "its groups are released");
         assert_eq!(q.next_consumer, 0);
-        q.remove_consumer(1, "bridge", true);
+        q.remove_consumer(3, "picky", SELECTIVE_APP);
+        assert!(!q.has_local_consumer() && !q.has_selector_consumer());
+        q.remove_consumer(1, "bridge", BRIDGE);
         assert_eq!((q.consumers.len(), q.network_consumers()), (0, 0));
     }
 }

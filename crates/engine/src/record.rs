@@ -5,10 +5,10 @@
 //! (compaction) or moved (dead-letter queue) by writing it again. The log's own framing adds
 //! length and CRC32C; this encoding is versioned by the leading tag byte.
 
-use crate::headers::Headers;
 use crate::message::Message;
 use crate::types::{Destination, QueueKey};
 use bytes::Bytes;
+use haven_headers::Headers;
 use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq)]

@@ -18,12 +18,12 @@ use super::Engine;
 use crate::command::NewMessage;
 use crate::cron::Cron;
 use crate::error::EngineError;
-use crate::headers::Headers;
 use crate::live::LiveObject;
 use crate::message::Message;
 use crate::record::{Record, ScheduleState};
 use crate::types::Destination;
 use crate::ProducerMark;
+use haven_headers::Headers;
 use std::sync::Arc;
 
 pub(super) const HEADER_DELAY: &str = "AMQ_SCHEDULED_DELAY";

@@ -719,17 +719,17 @@ pub(crate) fn translate(
             // repeats (the first occurrence wins). The origin is kept as the message's
             // producer mark; as a header too, a forwarded message would store it twice and
             // hand it to every consumer.
+            let repeats = frame.headers.has_repeated_names();
             let kept = frame.headers.iter().enumerate().filter_map(|(i, (k, v))| {
-                let k = k.as_str();
                 if RESERVED_HEADERS.contains(&k)
                     || k == ORIGIN_HEADER
-                    || frame.headers[..i].iter().any(|(k2, _)| k2 == k)
+                    || (repeats && frame.headers.position(k) != Some(i))
                 {
                     return None;
                 }
                 match (k, &reply_to) {
                     ("reply-to", Some(rewritten)) => Some((k, rewritten.as_str())),
-                    _ => Some((k, v.as_str())),
+                    _ => Some((k, v)),
                 }
             });
             let message = NewMessage {
@@ -989,8 +989,7 @@ fn encode_message(
     if version == Version::V1_0 || cr_for_1_1 {
         // Rare, and needs header rewriting: the allocating path.
         let f = render_message(d, version);
-        let headers = f.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        return encoder.encode_parts(Cmd::Message, headers, &f.body, dst);
+        return encoder.encode_parts(Cmd::Message, f.headers.iter(), &f.body, dst);
     }
     let m = &d.message;
     dest_buf.clear();
@@ -1066,7 +1065,7 @@ fn render_message(d: &Delivery, version: Version) -> Frame {
     }
     Frame {
         command: Cmd::Message,
-        headers,
+        headers: Headers::from_pairs(&headers),
         body: m.body.clone(),
     }
 }

@@ -13,7 +13,7 @@
 
 use crate::error::ServerError;
 use crate::send_window::{send_body_bytes, SendCredit};
-use haven_engine::hash::HashMap;
+use haven_engine::hash::IdMap;
 use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
 use haven_journal::{JournalFailure, Lsn};
 use std::collections::{BTreeMap, VecDeque};
@@ -170,7 +170,8 @@ pub(crate) struct Core {
     engine: Engine,
     journal: Box<dyn DurableLog>,
     clock: Arc<dyn Clock>,
-    conns: HashMap<ConnId, mpsc::UnboundedSender<Outbound>>,
+    /// Keyed by the ids the broker assigns, so not hashed with a secret (`IdMap`).
+    conns: IdMap<mpsc::UnboundedSender<Outbound>>,
     /// Effects waiting for the journal: (LSN that must be durable, connection, effect).
     gated: VecDeque<(Lsn, ConnId, Outbound)>,
     /// CONNECT answers carrying a producer's mark, waiting for the journal like `gated`
@@ -272,7 +273,7 @@ impl Core {
             engine,
             journal,
             clock,
-            conns: HashMap::default(),
+            conns: IdMap::default(),
             gated: VecDeque::new(),
             gated_replies: VecDeque::new(),
             durable,

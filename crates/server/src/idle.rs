@@ -3,8 +3,9 @@
 //! Why: mimalloc returns what a thread freed to the kernel only while that thread allocates,
 //! so a broker that goes quiet after a burst keeps it. Measured (`bench/idle_memory.sh`): 8 s
 //! of 64 KiB messages, then 3 s idle, left 82–90 MiB resident; collecting when idle left
-//! 55–62 MiB (docs/PERFORMANCE.md). The server crate does not choose the allocator, the binary does, so
-//! the binary installs the collection here (`set_idle_hook`); without one, nothing happens.
+//! 55–62 MiB (docs/PERFORMANCE.md). The server crate does not choose the allocator, the
+//! binary does, so the binary installs the collection here (`set_idle_hook`); without one,
+//! nothing happens.
 
 use std::sync::OnceLock;
 

@@ -15,10 +15,11 @@
 //! are no longer trustworthy: the caller is expected to send an ERROR frame and close.
 
 use crate::error::{quote, DecodeError};
-use crate::escape::{escape_into, unescape, Escaping, Part, Unencodable, UnescapeError};
+use crate::escape::{escape_into, unescape_into, Escaping, Part, Unencodable};
 use crate::frame::{Command, Frame, Item};
 use crate::version::Version;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use haven_headers::Headers;
 use std::io;
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -67,7 +68,7 @@ pub struct StompCodec {
     version: Version,
     phase: Phase,
     /// Headers of the frame being decoded.
-    headers: Vec<(String, String)>,
+    headers: Headers,
     /// Bytes of the current frame already consumed from the buffer (command and header
     /// lines), counted against `frame_bytes_max`.
     head_bytes: usize,
@@ -221,8 +222,11 @@ impl StompCodec {
                             limit: self.limits.header_count_max,
                         });
                     }
-                    let header = parse_header(line, Escaping::for_frame(self.version, command))?;
-                    self.headers.push(header);
+                    push_header(
+                        &mut self.headers,
+                        line,
+                        Escaping::for_frame(self.version, command),
+                    )?;
                     self.consume_line(src, lf)?;
                 }
                 Phase::Body {
@@ -274,7 +278,7 @@ impl StompCodec {
 
     /// The first `content-length` header, parsed.
     fn content_length(&self) -> Result<Option<usize>, DecodeError> {
-        let Some((_, value)) = self.headers.iter().find(|(n, _)| n == "content-length") else {
+        let Some(value) = self.headers.get("content-length") else {
             return Ok(None);
         };
         // Digits only: `usize::from_str` would also take a leading '+'.
@@ -292,7 +296,7 @@ impl StompCodec {
 
     fn finish(&mut self, command: Command, body: Bytes) -> Item {
         // Frames on a connection tend to look alike; size the next one like this one.
-        let next = Vec::with_capacity(self.headers.len());
+        let next = Headers::with_capacity(self.headers.len(), self.headers.text_bytes());
         let headers = std::mem::replace(&mut self.headers, next);
         self.reset();
         Item::Frame(Frame {
@@ -313,8 +317,7 @@ impl StompCodec {
     }
 
     fn write_frame(&self, frame: &Frame, dst: &mut BytesMut) -> io::Result<()> {
-        let headers = frame.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
-        self.write_parts(frame.command, headers, &frame.body, dst)
+        self.write_parts(frame.command, frame.headers.iter(), &frame.body, dst)
     }
 
     /// Encodes a frame from borrowed parts without building a [`Frame`] — the broker's hot
@@ -414,27 +417,32 @@ fn split_body(src: &mut BytesMut, len: usize) -> Bytes {
     body
 }
 
-fn parse_header(line: &[u8], mode: Escaping) -> Result<(String, String), DecodeError> {
+/// Appends the header on `line` to `headers`, unescaped.
+fn push_header(headers: &mut Headers, line: &[u8], mode: Escaping) -> Result<(), DecodeError> {
     // Split at the first colon: in 1.1+ a colon inside a name or value is escaped (\c), and
     // in 1.0 a value may hold raw colons (URLs, host:port). Lenient about raw colons in 1.1+
     // values too, as many clients send them.
     let Some(colon) = line.iter().position(|&b| b == b':') else {
         return Err(DecodeError::HeaderWithoutColon { line: quote(line) });
     };
-    let raw_name = &line[..colon];
-    let name = unescape(raw_name, mode).map_err(|e| match e {
-        UnescapeError::BadEscape => DecodeError::BadEscape {
-            header: quote(raw_name),
-        },
-        UnescapeError::InvalidUtf8 => DecodeError::InvalidUtf8,
-    })?;
-    let value = unescape(&line[colon + 1..], mode).map_err(|e| match e {
-        UnescapeError::BadEscape => DecodeError::BadEscape {
-            header: quote(name.as_bytes()),
-        },
-        UnescapeError::InvalidUtf8 => DecodeError::InvalidUtf8,
-    })?;
-    Ok((name, value))
+    // One UTF-8 check for the line (escapes are ASCII, so checking before unescaping is
+    // checking the result) and one look for a backslash: most lines have none and are
+    // copied as they are.
+    let line = std::str::from_utf8(line).map_err(|_| DecodeError::InvalidUtf8)?;
+    // ':' is ASCII, so the byte index is a character boundary.
+    let (raw_name, raw_value) = (&line[..colon], &line[colon + 1..]);
+    if mode == Escaping::Off || !line.as_bytes().contains(&b'\\') {
+        headers.push(raw_name, raw_value);
+        return Ok(());
+    }
+    headers
+        .push_with(
+            |text| unescape_into(raw_name, mode, text),
+            |text| unescape_into(raw_value, mode, text),
+        )
+        .map_err(|_| DecodeError::BadEscape {
+            header: quote(raw_name.as_bytes()),
+        })
 }
 
 fn put_decimal(dst: &mut BytesMut, mut n: usize) {
@@ -573,7 +581,7 @@ mod tests {
         for v in Version::ALL {
             let f = one_frame(v, b"SEND\r\ndestination:/q\r\n\r\nbody\0");
             assert_eq!(f.command, Command::Send);
-            assert_eq!(f.headers, vec![("destination".into(), "/q".into())]);
+            assert_eq!(f.headers, Headers::from_pairs(&[("destination", "/q")]));
             assert_eq!(&f.body[..], b"body");
         }
     }

@@ -6,8 +6,8 @@
 //! they travel before a version is agreed.
 //!
 //! Both directions take a fast path when nothing needs escaping (the common case: header
-//! values are usually plain ASCII), so the hot path copies bytes once and allocates only
-//! the `String` the frame keeps.
+//! values are usually plain ASCII), so the hot path copies bytes once, into the frame's one
+//! header buffer.
 
 use crate::frame::Command;
 use crate::version::Version;
@@ -35,41 +35,33 @@ impl Escaping {
     }
 }
 
-/// Why raw header bytes could not become text.
+/// Why a header's wire text could not be unescaped: an unknown escape, or a lone backslash at
+/// its end. (Invalid UTF-8 is found before, once per header line.)
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum UnescapeError {
-    BadEscape,
-    InvalidUtf8,
-}
+pub(crate) struct BadEscape;
 
-/// Turns raw wire bytes of a header name or value into text.
-pub(crate) fn unescape(raw: &[u8], mode: Escaping) -> Result<String, UnescapeError> {
-    if mode == Escaping::Off || !raw.contains(&b'\\') {
-        return to_string(raw.to_vec());
-    }
-    let mut out = Vec::with_capacity(raw.len());
-    let mut bytes = raw.iter();
-    while let Some(&b) = bytes.next() {
-        if b != b'\\' {
-            out.push(b);
-            continue;
+/// Appends the unescaped text of a header name or value as it was on the wire (`raw`, already
+/// checked to be UTF-8) to `out` (the frame's header buffer: no allocation of its own). On
+/// error `out` may hold part of it; the caller drops what it appended (`Headers::push_with`).
+pub(crate) fn unescape_into(raw: &str, mode: Escaping, out: &mut String) -> Result<(), BadEscape> {
+    let mut rest = raw;
+    if mode != Escaping::Off {
+        while let Some(i) = rest.find('\\') {
+            out.push_str(&rest[..i]);
+            // A trailing lone backslash is as bad as an unknown escape.
+            out.push(match rest.as_bytes().get(i + 1) {
+                Some(b'\\') => '\\',
+                Some(b'n') => '\n',
+                Some(b'c') => ':',
+                Some(b'r') if mode == Escaping::V1_2 => '\r',
+                _ => return Err(BadEscape),
+            });
+            // The escape is two ASCII bytes, so this is a character boundary.
+            rest = &rest[i + 2..];
         }
-        // A trailing lone backslash is as bad as an unknown escape.
-        out.push(match bytes.next() {
-            Some(b'\\') => b'\\',
-            Some(b'n') => b'\n',
-            Some(b'c') => b':',
-            Some(b'r') if mode == Escaping::V1_2 => b'\r',
-            _ => return Err(UnescapeError::BadEscape),
-        });
     }
-    // Escapes only produce ASCII, so checking UTF-8 after unescaping is equivalent to
-    // checking the raw bytes.
-    to_string(out)
-}
-
-fn to_string(bytes: Vec<u8>) -> Result<String, UnescapeError> {
-    String::from_utf8(bytes).map_err(|_| UnescapeError::InvalidUtf8)
+    out.push_str(rest);
+    Ok(())
 }
 
 /// A header that cannot be written under the frame's escaping rules without changing the
@@ -173,6 +165,11 @@ pub(crate) fn escape_into(
 mod tests {
     use super::*;
 
+    fn unescape(raw: &[u8], mode: Escaping) -> Result<String, BadEscape> {
+        let mut out = String::new();
+        unescape_into(std::str::from_utf8(raw).unwrap(), mode, &mut out).map(|()| out)
+    }
+
     fn esc(text: &str, part: Part, mode: Escaping) -> Result<String, Unencodable> {
         let mut dst = BytesMut::new();
         escape_into(&mut dst, text, part, mode)?;
@@ -248,23 +245,12 @@ mod tests {
     #[test]
     fn unknown_escapes_are_rejected() {
         for mode in [Escaping::V1_1, Escaping::V1_2] {
-            assert_eq!(unescape(b"a\\tb", mode), Err(UnescapeError::BadEscape));
-            assert_eq!(unescape(b"trailing\\", mode), Err(UnescapeError::BadEscape));
+            assert_eq!(unescape(b"a\\tb", mode), Err(BadEscape));
+            assert_eq!(unescape(b"trailing\\", mode), Err(BadEscape));
         }
         // \r is a 1.2 addition.
-        assert_eq!(
-            unescape(b"\\r", Escaping::V1_1),
-            Err(UnescapeError::BadEscape)
-        );
+        assert_eq!(unescape(b"\\r", Escaping::V1_1), Err(BadEscape));
         assert_eq!(unescape(b"\\r", Escaping::V1_2).unwrap(), "\r");
-    }
-
-    #[test]
-    fn invalid_utf8_is_rejected() {
-        for mode in [Escaping::Off, Escaping::V1_1, Escaping::V1_2] {
-            assert_eq!(unescape(b"\xff", mode), Err(UnescapeError::InvalidUtf8));
-            assert_eq!(unescape(b"\\n\xc3", mode), Err(UnescapeError::InvalidUtf8));
-        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! particular headers (destination, ack, receipt, ...) belongs to the server, not here.
 
 use bytes::Bytes;
+use haven_headers::Headers;
 
 /// A STOMP command: the first line of a frame.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -112,7 +113,7 @@ impl std::fmt::Display for Command {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Frame {
     pub command: Command,
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     pub body: Bytes,
 }
 
@@ -128,21 +129,18 @@ impl Frame {
     /// The value of the first header called `name` (case-sensitive). STOMP 1.2 says only
     /// the first of repeated headers counts; later ones are kept for forwarding only.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.get(name)
     }
 
     /// Appends a header (builder form). Does not replace an existing one of the same name.
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Frame {
+    pub fn with_header(mut self, name: impl AsRef<str>, value: impl AsRef<str>) -> Frame {
         self.push_header(name, value);
         self
     }
 
     /// Appends a header. Does not replace an existing one of the same name.
-    pub fn push_header(&mut self, name: impl Into<String>, value: impl Into<String>) {
-        self.headers.push((name.into(), value.into()));
+    pub fn push_header(&mut self, name: impl AsRef<str>, value: impl AsRef<str>) {
+        self.headers.push(name.as_ref(), value.as_ref());
     }
 
     pub fn with_body(mut self, body: impl Into<Bytes>) -> Frame {

@@ -20,4 +20,6 @@ mod version;
 pub use codec::{Limits, StompCodec};
 pub use error::DecodeError;
 pub use frame::{Command, Frame, Item};
+/// A frame's headers (also the engine's message headers): one buffer for all of them.
+pub use haven_headers::Headers;
 pub use version::Version;

@@ -50,10 +50,10 @@ pub fn message_lookup(m: &Message) -> impl Fn(&str) -> Option<Value> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::Headers;
     use crate::selector::Selector;
     use crate::types::Destination;
     use bytes::Bytes;
+    use haven_headers::Headers;
 
     fn message() -> Message {
         Message {

@@ -5,7 +5,9 @@
 use super::headers::{ORIGIN_HEADER, PATH_HEADER};
 use super::local::{self, LocalConn};
 use super::path;
-use haven_client::{AckMode, ClientError, Command, Connection, Frame, Message, Subscription};
+use haven_client::{
+    AckMode, ClientError, Command, Connection, Frame, Headers, Message, Subscription,
+};
 use haven_engine::Delivery;
 use std::borrow::Cow;
 use std::future::Future;
@@ -174,11 +176,10 @@ impl Delivered {
     /// in process); see [`Delivered::forward_headers`].
     pub fn forward(&self, destination: &str, origin_store: &str, next_path: &[String]) -> Frame {
         let mut scratch = ForwardScratch::default();
-        let headers = self
-            .forward_headers(destination, origin_store, next_path, &mut scratch)
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let headers = Headers::sized(
+            self.forward_headers(destination, origin_store, next_path, &mut scratch)
+                .into_iter(),
+        );
         Frame {
             command: haven_client::Command::Send,
             headers,
@@ -221,10 +222,7 @@ impl Delivered {
             Delivered::Remote(m) => {
                 headers = Vec::with_capacity(m.headers.len() + 3);
                 headers.push(("destination", destination));
-                push_passed(
-                    &mut headers,
-                    m.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                );
+                push_passed(&mut headers, m.headers.iter());
             }
             Delivered::Local(d) => {
                 let m = &d.message;
@@ -304,29 +302,29 @@ mod tests {
     #[test]
     fn a_remote_message_keeps_the_application_s_headers_and_names_its_origin() {
         let m = Message::from_headers(
-            vec![
-                ("destination".into(), "/queue/q".into()),
-                ("message-id".into(), "ID:haven-7".into()),
-                ("subscription".into(), "net-1".into()),
-                ("ack".into(), "3".into()),
-                ("persistent".into(), "true".into()),
-                ("haven-producer".into(), "p".into()),
-                ("haven-seq".into(), "9".into()),
-                (PATH_HEADER.into(), "A".into()),
-                ("color".into(), "red".into()),
-                ("color".into(), "blue".into()),
-            ],
+            haven_engine::Headers::from_pairs(&[
+                ("destination", "/queue/q"),
+                ("message-id", "ID:haven-7"),
+                ("subscription", "net-1"),
+                ("ack", "3"),
+                ("persistent", "true"),
+                ("haven-producer", "p"),
+                ("haven-seq", "9"),
+                (PATH_HEADER, "A"),
+                ("color", "red"),
+                ("color", "blue"),
+            ]),
             Bytes::from_static(b"x"),
         );
         let f = Delivered::Remote(m).forward("/queue/q", "s1", &["A".into(), "B".into()]);
         assert_eq!(
-            f.headers,
-            vec![
-                ("destination".to_string(), "/queue/q".to_string()),
-                ("persistent".to_string(), "true".to_string()),
-                ("color".to_string(), "red".to_string()),
-                (ORIGIN_HEADER.to_string(), "s1/ID:haven-7".to_string()),
-                (PATH_HEADER.to_string(), "A,B".to_string()),
+            f.headers.iter().collect::<Vec<_>>(),
+            [
+                ("destination", "/queue/q"),
+                ("persistent", "true"),
+                ("color", "red"),
+                (ORIGIN_HEADER, "s1/ID:haven-7"),
+                (PATH_HEADER, "A,B"),
             ]
         );
         assert_eq!(f.body, Bytes::from_static(b"x"));
@@ -361,15 +359,15 @@ mod tests {
         assert_eq!(d.destination(), "/queue/q");
         let f = d.forward(&d.destination(), "s2", &["A".into()]);
         assert_eq!(
-            f.headers,
-            vec![
-                ("destination".to_string(), "/queue/q".to_string()),
-                ("persistent".to_string(), "false".to_string()),
-                ("priority".to_string(), "7".to_string()),
-                ("expires".to_string(), "123".to_string()),
-                ("reply-to".to_string(), "/queue/r".to_string()),
-                (ORIGIN_HEADER.to_string(), "s2/ID:haven-9".to_string()),
-                (PATH_HEADER.to_string(), "A".to_string()),
+            f.headers.iter().collect::<Vec<_>>(),
+            [
+                ("destination", "/queue/q"),
+                ("persistent", "false"),
+                ("priority", "7"),
+                ("expires", "123"),
+                ("reply-to", "/queue/r"),
+                (ORIGIN_HEADER, "s2/ID:haven-9"),
+                (PATH_HEADER, "A"),
             ]
         );
     }
