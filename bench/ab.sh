@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Interleaved A/B of Haven builds or settings on one scenario: each repetition runs every
 # variant once, each on a fresh broker and an empty journal, so drift on a shared machine
-# falls on all variants alike. Prints one line per run: variant, received msg/s, p50
+# falls on all variants alike. Prints one line per run: variant, received msg/s, p50 and p99
 # send->receipt (us), peak RSS, broker CPU seconds.
 #
 #   bench/ab.sh SCENARIO REPS VARIANT...
@@ -67,8 +67,8 @@ for rep in $(seq "$REPS"); do
 import json, sys
 d = json.loads(sys.argv[1])
 r = d["receipt_latency_us"] or {}
-rate, p50, ok = d["recv_rate"], r.get("p50", 0), d["ok"]
-print(f"{sys.argv[2]} | rep {sys.argv[3]} | {rate:,.0f} msg/s | receipt p50 {p50:,.0f} us"
+rate, p50, p99, ok = d["recv_rate"], r.get("p50", 0), r.get("p99", 0), d["ok"]
+print(f"{sys.argv[2]} | rep {sys.argv[3]} | {rate:,.0f} msg/s | receipt p50 {p50:,.0f} p99 {p99:,.0f} us"
       f" | peak RSS {int(sys.argv[4]) // 1024} MiB | cpu {sys.argv[5]} s | ok {ok}")
 ' "$line" "$variant" "$rep" "$hwm_kib" "$cpu_s"
   done
