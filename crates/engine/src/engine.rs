@@ -231,7 +231,19 @@ pub struct Engine {
     origins: Origins,
     /// Active consumers per destination, for consumer advisories.
     advisories: ConsumerAdvisories,
+    /// Topic messages dead-lettered while running (seq → priority): one DLQ copy per message,
+    /// even when another subscription's copy fails after the DLQ copy was consumed and the
+    /// message's record is gone (a non-durable subscriber's copy outlives both; a restart
+    /// does not, so memory suffices). Bounded by the copies still held: `prune_dead_letters`
+    /// drops a seq once no queue but a DLQ holds it.
+    dead_lettered_topic_seqs: IdMap<u8>,
+    /// `dead_lettered_topic_seqs` is pruned when it reaches this many (doubling what survived
+    /// a pruning, so the scans cost amortized O(queues) per dead-lettered message).
+    dead_letter_prune_at_count: usize,
 }
+
+/// The smallest `Engine::dead_letter_prune_at_count`.
+const DEAD_LETTER_PRUNE_AT_COUNT_MIN: usize = 64;
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
@@ -241,6 +253,8 @@ impl Engine {
             producers,
             origins,
             advisories: ConsumerAdvisories::default(),
+            dead_lettered_topic_seqs: IdMap::default(),
+            dead_letter_prune_at_count: DEAD_LETTER_PRUNE_AT_COUNT_MIN,
             cfg,
             queues: Vec::new(),
             free_queue_ids: Vec::new(),
@@ -1667,13 +1681,19 @@ impl Engine {
             .get(&entry.msg.seq)
             .map_or_else(|| entry.msg.clone(), |s| s.msg.clone());
         let to = self.queue_for(dlq.clone());
-        if newest.dead_lettered || self.queue(to).contains(&entry.msg) {
+        if newest.dead_lettered
+            || self.dead_lettered_topic_seqs.contains_key(&entry.msg.seq)
+            || self.queue(to).contains(&entry.msg)
+        {
             // Already dead-lettered through another holder (a topic message that failed on two
             // subscriptions), even if that copy was consumed from the DLQ since: this holder
             // just lets go of it. One DLQ copy per message.
             let msg = entry.msg.clone();
             self.removed(from, &msg);
             return;
+        }
+        if entry.msg.destination.is_topic() {
+            self.remember_dead_lettered(&entry.msg);
         }
         let msg = Arc::new(Message {
             // Dead-lettered because it expired: in the DLQ it no longer expires, or it would
@@ -1702,6 +1722,38 @@ impl Engine {
             self.track_store(msg, holders, lsn);
         } else if msg.persistent && !msg.destination.is_temporary() && from_key.is_durable_kind() {
             unreachable!("persistent message in a durable queue is tracked");
+        }
+    }
+
+    /// Notes that a topic message went to the DLQ, so that its other copies do not follow.
+    fn remember_dead_lettered(&mut self, msg: &Message) {
+        self.dead_lettered_topic_seqs.insert(msg.seq, msg.priority);
+        if self.dead_lettered_topic_seqs.len() >= self.dead_letter_prune_at_count {
+            self.prune_dead_letters();
+            self.dead_letter_prune_at_count =
+                (2 * self.dead_lettered_topic_seqs.len()).max(DEAD_LETTER_PRUNE_AT_COUNT_MIN);
+        }
+    }
+
+    /// Forgets the dead-lettered topic messages no queue holds a copy of any more, except a
+    /// DLQ (whose copy is never dead-lettered again).
+    fn prune_dead_letters(&mut self) {
+        let holders: Vec<&Queue> = self
+            .queues
+            .iter()
+            .flatten()
+            .filter(|q| !self.is_dlq(&q.key))
+            .collect();
+        self.dead_lettered_topic_seqs
+            .retain(|seq, priority| holders.iter().any(|q| q.holds(*seq, *priority)));
+    }
+
+    /// Whether `key` is a dead-letter queue under the configured policy.
+    fn is_dlq(&self, key: &QueueKey) -> bool {
+        match (&self.cfg.dlq, key) {
+            (DlqPolicy::Shared(name), QueueKey::Queue(n)) => n == name,
+            (DlqPolicy::PerDestination { prefix }, QueueKey::Queue(n)) => n.starts_with(prefix),
+            _ => false,
         }
     }
 

@@ -310,11 +310,16 @@ impl Queue {
     }
 
     pub fn contains(&self, msg: &Message) -> bool {
-        self.ready.contains_key(&(Reverse(msg.priority), msg.seq))
-            || self.inflight.contains_key(&msg.seq)
-            || self.delayed_at.contains_key(&msg.seq)
-            || self.cold.contains(msg.seq)
-            || self.tail.contains_key(&msg.seq)
+        self.holds(msg.seq, msg.priority)
+    }
+
+    /// `contains` for the message with this seq and priority.
+    pub fn holds(&self, seq: u64, priority: u8) -> bool {
+        self.ready.contains_key(&(Reverse(priority), seq))
+            || self.inflight.contains_key(&seq)
+            || self.delayed_at.contains_key(&seq)
+            || self.cold.contains(seq)
+            || self.tail.contains_key(&seq)
     }
 
     /// Holds a failed delivery back until `ready_at_ms` (redelivery delay).

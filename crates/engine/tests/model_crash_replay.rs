@@ -1242,15 +1242,10 @@ impl Model {
             "{body} delivered after it expired"
         );
         let key = (sub.ident.clone(), body.clone());
-        // A topic message has one copy per subscription, and the DLQ takes it once. Only a
-        // non-persistent copy may come again: what marks it dead-lettered is the DLQ's copy
-        // (logged for a persistent message), and another subscription's copy of it predates
-        // that mark.
-        let refailed_copy = matches!(sub.target, Target::Queue(DLQ))
-            && matches!(m.destination, Destination::Topic(_))
-            && !m.persistent;
+        // A topic message has one copy per subscription, and the DLQ takes it once, however
+        // many of those copies fail, persistent or not.
         assert!(
-            refailed_copy || !self.consumed.contains(&key),
+            !self.consumed.contains(&key),
             "{body} delivered again from {:?} after it was acknowledged",
             sub.ident
         );
@@ -1951,6 +1946,81 @@ fn the_dead_letter_mark_survives_compaction_and_restart() {
     );
     h.crash_and_recover();
     assert_eq!(h.engine.durable_contents(), contents);
+}
+
+/// Found 2026-12-01 by this model (proptest `cc 5e3f682a…`), shrunk: a persistent topic
+/// message held by a durable subscription and by a non-durable subscriber. The durable one
+/// fails it into the DLQ, a client consumes the DLQ copy — and with no holder left, the
+/// message's record is gone, and with it the mark that it was dead-lettered. The non-durable
+/// subscriber's copy then failed too and went to the DLQ a second time, where a client read the
+/// same message twice. Fixed by `Engine::dead_lettered_topic_seqs`.
+#[test]
+fn a_non_durable_copy_does_not_follow_a_consumed_dlq_copy() {
+    let mut h = Harness::new(EngineConfig {
+        redeliveries_max: 0,
+        ..EngineConfig::default()
+    });
+    h.connect(1, Some("a"));
+    h.connect(2, None);
+    h.connect(3, None);
+    h.ok(durable_sub(1, "t", "d"));
+    h.subscribe(2, "n", "/topic/t", AckMode::Client, 10);
+    let d = deliveries(&h.send(2, "/topic/t", "poison", true));
+    assert_eq!(d.len(), 2, "one copy each");
+    let (durable, plain): (Vec<_>, Vec<_>) = d.into_iter().partition(|(conn, _)| *conn == 1);
+    h.nack(1, durable[0].1.ack_tag);
+    let from_dlq = deliveries(&h.subscribe(3, "s", "/queue/ActiveMQ.DLQ", AckMode::Client, 10));
+    assert_eq!(from_dlq.len(), 1);
+    h.ack(3, from_dlq[0].1.ack_tag);
+    let again = deliveries(&h.nack(2, plain[0].1.ack_tag));
+    assert!(again.is_empty(), "DLQ copy delivered twice: {again:?}");
+    assert!(h.engine.durable_contents().values().all(|s| s.is_empty()));
+}
+
+/// The same for copies of many non-persistent messages held only by non-durable subscribers,
+/// enough of them that the marks are pruned while the second subscriber still holds every
+/// copy: pruning keeps a mark while any copy is held, so none reaches the DLQ twice.
+#[test]
+fn marks_of_dead_lettered_copies_outlive_pruning_while_a_copy_is_held() {
+    let mut h = Harness::new(EngineConfig {
+        redeliveries_max: 0,
+        ..EngineConfig::default()
+    });
+    const COUNT: usize = 300;
+    h.connect(1, None);
+    h.connect(2, None);
+    h.connect(3, None);
+    h.subscribe(1, "n", "/topic/t", AckMode::ClientIndividual, 1000);
+    h.subscribe(2, "n", "/topic/t", AckMode::ClientIndividual, 1000);
+    h.subscribe(
+        3,
+        "s",
+        "/queue/ActiveMQ.DLQ",
+        AckMode::ClientIndividual,
+        1000,
+    );
+    let mut held = Vec::new();
+    let mut dead = 0;
+    for i in 0..COUNT {
+        for (conn, d) in deliveries(&h.send(1, "/topic/t", &format!("m{i}"), false)) {
+            match conn {
+                1 => {
+                    for (to, from_dlq) in deliveries(&h.nack(1, d.ack_tag)) {
+                        assert_eq!(to, 3);
+                        h.ack(3, from_dlq.ack_tag); // gone from the DLQ: only the mark is left
+                        dead += 1;
+                    }
+                }
+                2 => held.push(d.ack_tag),
+                _ => unreachable!("delivered to {conn}"),
+            }
+        }
+    }
+    assert_eq!(dead, COUNT, "each message reached the DLQ consumer once");
+    for tag in held {
+        let again = deliveries(&h.nack(2, tag));
+        assert!(again.is_empty(), "dead-lettered twice: {again:?}");
+    }
 }
 
 proptest! {
