@@ -1720,8 +1720,20 @@ impl Engine {
                 producer: None,
             });
             self.track_store(msg, holders, lsn);
-        } else if msg.persistent && !msg.destination.is_temporary() && from_key.is_durable_kind() {
-            unreachable!("persistent message in a durable queue is tracked");
+        } else if msg.persistent && !msg.destination.is_temporary() {
+            // A persistent topic message only non-durable subscribers got: never logged, as no
+            // holder outlived a restart. Its DLQ copy does, as ActiveMQ's would.
+            assert!(
+                !from_key.is_durable_kind(),
+                "persistent message in a durable queue is tracked"
+            );
+            let holders = vec![dlq];
+            let lsn = self.log(Record::Store {
+                message: msg.clone(),
+                holders: holders.clone(),
+                producer: None,
+            });
+            self.track_store(msg, holders, lsn);
         }
     }
 

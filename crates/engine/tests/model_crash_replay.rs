@@ -1977,6 +1977,34 @@ fn a_non_durable_copy_does_not_follow_a_consumed_dlq_copy() {
     assert!(h.engine.durable_contents().values().all(|s| s.is_empty()));
 }
 
+/// A persistent topic message that only a non-durable subscriber got is never logged (nothing
+/// that holds it survives a restart), but once it fails into the DLQ it is held by a queue that
+/// does: the move logs it, so a crash does not lose what an operator would replay from there.
+/// Before, the DLQ held it in memory only.
+#[test]
+fn a_persistent_copy_dead_lettered_from_a_non_durable_subscriber_survives_a_crash() {
+    let mut h = Harness::new(EngineConfig {
+        redeliveries_max: 0,
+        ..EngineConfig::default()
+    });
+    let dlq = QueueKey::Queue("ActiveMQ.DLQ".into());
+    h.connect(1, None);
+    h.subscribe(1, "n", "/topic/t", AckMode::Client, 10);
+    let d = deliveries(&h.send(1, "/topic/t", "poison", true));
+    assert_eq!(d.len(), 1);
+    assert!(h.engine.durable_contents().values().all(|s| s.is_empty()));
+    h.nack(1, d[0].1.ack_tag);
+    let contents = h.engine.durable_contents();
+    assert_eq!(contents[&dlq].len(), 1, "the DLQ holds it durably");
+    h.crash_and_recover();
+    assert_eq!(h.engine.durable_contents(), contents);
+    h.connect(2, None);
+    let from_dlq = deliveries(&h.subscribe(2, "s", "/queue/ActiveMQ.DLQ", AckMode::Client, 10));
+    assert_eq!(from_dlq.len(), 1);
+    assert_eq!(from_dlq[0].1.message.id, d[0].1.message.id);
+    assert_eq!(&from_dlq[0].1.message.body[..], b"poison");
+}
+
 /// The same for copies of many non-persistent messages held only by non-durable subscribers,
 /// enough of them that the marks are pruned while the second subscriber still holds every
 /// copy: pruning keeps a mark while any copy is held, so none reaches the DLQ twice.
