@@ -87,13 +87,25 @@ fn needs_escape(b: u8, mode: Escaping) -> bool {
 /// How many bytes `escape_into` checks at once.
 const ESCAPE_CHUNK_BYTES: usize = 16;
 
-/// Whether any byte of `chunk` needs escaping: every byte is compared, without an early exit
-/// or a branch, so the compiler can compare many at once in vector instructions.
+/// Bytes 1.1 escapes (bit 0) and 1.2 escapes (bit 1), by value.
+static ESCAPED: [u8; 256] = {
+    let mut t = [0u8; 256];
+    t[b'\\' as usize] = 0b11;
+    t[b'\n' as usize] = 0b11;
+    t[b':' as usize] = 0b11;
+    t[b'\r' as usize] = 0b10;
+    t
+};
+
+/// Whether any byte of `chunk` needs escaping: one table load per byte, or-ed without an early
+/// exit or a branch (four comparisons per byte cost twice the instructions).
 fn any_needs_escape(chunk: &[u8], mode: Escaping) -> bool {
-    let cr = mode == Escaping::V1_2;
-    chunk.iter().fold(false, |found, &b| {
-        found | (b == b'\\') | (b == b'\n') | (b == b':') | (cr & (b == b'\r'))
-    })
+    let bit = if mode == Escaping::V1_2 { 0b10 } else { 0b01 };
+    chunk
+        .iter()
+        .fold(0u8, |found, &b| found | ESCAPED[b as usize])
+        & bit
+        != 0
 }
 
 /// Appends `text` to `dst` escaped for `mode`. On error `dst` may hold a partial write;
