@@ -53,9 +53,10 @@ fn journal_with_recycled_segments(dir: &Path) -> (JournalConfig, Lsn) {
     // The writer recycles two of the released files and deletes the others; both happen on
     // its thread, and counting segment files before the deletes land (a slow machine, CI
     // 2026-12-02) counted one too many.
-    wait_for("two recycled files, the other released ones deleted", || {
-        recycled_files(dir).len() == 2 && segment_files(dir).len() == j.segments().len()
-    });
+    wait_for(
+        "two recycled files, the other released ones deleted",
+        || recycled_files(dir).len() == 2 && segment_files(dir).len() == j.segments().len(),
+    );
     let before = segment_files(dir).len();
     append_until(&mut j, 400 + 2 * 64, PAYLOAD_BYTES);
     wait_durable(&j, 400 + 2 * 64 - 1);
