@@ -227,6 +227,15 @@ impl Journal {
         self.shared.wake.notify_one();
     }
 
+    /// Gives back the spare capacity of the write buffers (this one, the queue's and the
+    /// writer's) once the caller has gone idle: a burst grows each to up to 8 MiB, which a
+    /// quiet broker would otherwise keep. Cheap; the writer shrinks its part when it wakes.
+    pub fn release_idle_buffers(&mut self) {
+        writer::shrink_idle(&mut self.buf);
+        self.shared.queue.lock().unwrap().shrink = true;
+        self.shared.wake.notify_one();
+    }
+
     /// Highest LSN known durable (written + fdatasync'ed), or `Err` once a write or fsync failed.
     /// The error is sticky: the broker must stop; appends after it are never reported durable.
     /// If every sender is gone (the writer thread exited) the last value stays.
@@ -328,5 +337,104 @@ impl Drop for Journal {
     /// flushed are discarded (they were never reported durable).
     fn drop(&mut self) {
         let _ = self.stop_writer();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use writer::IDLE_CAPACITY_KEEP_BYTES;
+
+    fn wait_durable(j: &Journal, lsn: Lsn) {
+        let mut rx = j.durable();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            while rx.borrow_and_update().clone().unwrap() < lsn {
+                rx.changed().await.unwrap();
+            }
+        });
+    }
+
+    /// Appends `records` records of `bytes` each, flushing after each one, and waits until the
+    /// last is durable; then the writer has swapped buffers with the queue at least once.
+    fn burst(j: &mut Journal, records: usize, bytes: usize) {
+        let mut last = 0;
+        for _ in 0..records {
+            last = j.append(&vec![7u8; bytes]);
+        }
+        j.flush();
+        wait_durable(j, last);
+    }
+
+    fn queue_capacity(j: &Journal) -> usize {
+        j.shared.queue.lock().unwrap().buf.capacity()
+    }
+
+    #[test]
+    fn an_idle_journal_gives_back_the_capacity_a_burst_grew_and_keeps_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = JournalConfig {
+            dir: dir.path().to_path_buf(),
+            segment_bytes: 64 << 20,
+            batch_bytes_max: 1 << 20,
+            epoch: 0,
+            fence: None,
+            sparse_segments: false,
+            sync_writes: true,
+        };
+        let mut j = Journal::open(config, |_, _| Ok(())).unwrap();
+        // Bursts of 4 MiB until the caller's buffer and the queue's are both large: the
+        // buffers rotate (caller → queue → writer → queue → caller), and the writer also
+        // swaps when it wakes for its spare segment, so how many bursts that takes varies.
+        let mut bursts = 0;
+        while j.buf.capacity() <= IDLE_CAPACITY_KEEP_BYTES
+            || queue_capacity(&j) <= IDLE_CAPACITY_KEEP_BYTES
+        {
+            assert!(bursts < 50, "bursts never grew the buffers");
+            burst(&mut j, 64, 64 << 10);
+            bursts += 1;
+        }
+
+        j.release_idle_buffers();
+        assert!(j.buf.capacity() <= IDLE_CAPACITY_KEEP_BYTES);
+        // The writer shrinks its own buffer and the queue's once it has woken for it.
+        for _ in 0..1000 {
+            if queue_capacity(&j) <= IDLE_CAPACITY_KEEP_BYTES {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            queue_capacity(&j) <= IDLE_CAPACITY_KEEP_BYTES,
+            "the writer never gave the queue's buffer back"
+        );
+        // The next small write swaps the writer's buffer into the queue: it was shrunk too.
+        burst(&mut j, 1, 100);
+        assert!(queue_capacity(&j) <= IDLE_CAPACITY_KEEP_BYTES);
+        assert!(j.buf.capacity() <= IDLE_CAPACITY_KEEP_BYTES);
+
+        // Shrinking lost nothing: every record reads back after a reopen.
+        let last = j.next_lsn() - 1;
+        j.close().unwrap();
+        let mut count = 0;
+        let config = JournalConfig {
+            dir: dir.path().to_path_buf(),
+            segment_bytes: 64 << 20,
+            batch_bytes_max: 1 << 20,
+            epoch: 0,
+            fence: None,
+            sparse_segments: false,
+            sync_writes: true,
+        };
+        Journal::open(config, |_, _| {
+            count += 1;
+            Ok(())
+        })
+        .unwrap()
+        .close()
+        .unwrap();
+        assert_eq!(count, last);
     }
 }

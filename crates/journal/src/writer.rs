@@ -46,6 +46,17 @@ const RECYCLED_SEGMENTS_MAX: usize = 2;
 /// Capacity a batch buffer keeps after it was written: 8 MiB. Bursts of large messages grew the
 /// buffers to 32 MiB each, and a `Vec` keeps its size.
 const BATCH_CAPACITY_KEEP_BYTES: usize = 8 << 20;
+/// Capacity a buffer keeps once the broker has gone idle (`Journal::release_idle_buffers`):
+/// 256 KiB. Between bursts the three buffers kept up to 8 MiB each, and a broker that had
+/// carried a burst held 23 MiB of empty buffers for good (heaptrack, docs/PERFORMANCE.md).
+pub(crate) const IDLE_CAPACITY_KEEP_BYTES: usize = 256 << 10;
+
+/// Drops `buf`'s allocation if it is empty and larger than an idle broker keeps.
+pub(crate) fn shrink_idle(buf: &mut Vec<u8>) {
+    if buf.is_empty() && buf.capacity() > IDLE_CAPACITY_KEEP_BYTES {
+        *buf = Vec::new();
+    }
+}
 
 /// After each batch the writer polls this long for the next one before it sleeps on the
 /// condition variable. Waking a sleeping thread took 36 µs on average on the benchmark VM
@@ -64,6 +75,9 @@ pub(crate) struct Queue {
     pub deletes: Vec<PathBuf>,
     /// Set by close/drop after the final flush: write what is queued, then exit.
     pub closing: bool,
+    /// Set when the caller went idle: the writer gives back its buffer's and this queue's
+    /// spare capacity (`shrink_idle`).
+    pub shrink: bool,
 }
 
 #[derive(Default)]
@@ -121,19 +135,24 @@ impl Writer {
     pub fn run(mut self) {
         loop {
             self.poll_for_work();
-            let (deletes, closing) = {
+            let (deletes, closing, shrink) = {
                 let mut q = self.shared.queue.lock().unwrap();
                 self.shared.pending.store(false, Ordering::Release);
                 while q.buf.is_empty()
                     && q.deletes.is_empty()
                     && !q.closing
                     && !self.spare_needs_work()
+                    && !q.shrink
                 {
                     q = self.shared.wake.wait(q).unwrap();
                 }
                 debug_assert!(self.batch.is_empty());
                 std::mem::swap(&mut self.batch, &mut q.buf);
-                (std::mem::take(&mut q.deletes), q.closing)
+                (
+                    std::mem::take(&mut q.deletes),
+                    q.closing,
+                    std::mem::take(&mut q.shrink),
+                )
             };
             let written = self.batch.len() as u64;
             if !self.failed && !self.batch.is_empty() {
@@ -146,6 +165,12 @@ impl Writer {
                 // A burst grew it; the three buffers rotate through here (caller, queue,
                 // writer), so this bounds what all of them keep between bursts.
                 self.batch = Vec::new();
+            }
+            if shrink {
+                // After the write: what the caller flushed with its request (compaction's
+                // records, say) is written, and its buffer is the one to give back.
+                shrink_idle(&mut self.batch);
+                shrink_idle(&mut self.shared.queue.lock().unwrap().buf);
             }
             if !self.failed {
                 for path in deletes {

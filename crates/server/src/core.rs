@@ -345,13 +345,19 @@ impl Core {
                     self.absorb();
                 }
                 _ = tick.tick() => {
-                    if spell.tick() {
-                        // No command for a whole maintenance interval.
-                        crate::idle::idle();
-                    }
+                    let spell_began = spell.tick();
                     self.maintain();
                     // Bounds how long a lazy record waits for a sync.
                     self.journal.flush();
+                    if spell.is_quiet() {
+                        // On every quiet tick, after `maintain`: compaction re-logs records
+                        // while the broker is quiet and grows the buffers again.
+                        self.journal.release_idle_buffers();
+                    }
+                    if spell_began {
+                        // No command for a whole maintenance interval.
+                        crate::idle::idle();
+                    }
                 }
                 _ = stop.changed() => break Ok(()),
             }

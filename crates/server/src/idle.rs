@@ -39,6 +39,11 @@ impl IdleSpell {
         self.collected = false;
     }
 
+    /// Whether the spell reported by `tick` is still on (no work since).
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.collected
+    }
+
     pub(crate) fn tick(&mut self) -> bool {
         let quiet = !self.busy;
         self.busy = false;
@@ -60,8 +65,11 @@ mod tests {
         s.busy();
         assert!(!s.tick(), "the tick after work is not idle");
         assert!(s.tick(), "a whole quiet tick is");
+        assert!(s.is_quiet());
         assert!(!s.tick() && !s.tick(), "once per spell");
+        assert!(s.is_quiet(), "the spell goes on");
         s.busy();
+        assert!(!s.is_quiet(), "work ends it");
         assert!(!s.tick());
         assert!(s.tick(), "a new spell after new work");
     }

@@ -47,6 +47,9 @@ pub trait DurableLog: Send {
     fn free_bytes(&self) -> Option<u64>;
     /// Makes everything appended durable and stops the writer. Blocking.
     fn close(self: Box<Self>) -> Result<(), JournalError>;
+    /// The broker has gone idle: give back buffer capacity a burst grew (by default, none
+    /// is kept between calls worth giving back).
+    fn release_idle_buffers(&mut self) {}
 }
 
 /// The local journal in the data directory.
@@ -116,6 +119,9 @@ impl DurableLog for LocalJournal {
     }
     fn close(self: Box<Self>) -> Result<(), JournalError> {
         self.journal.close()
+    }
+    fn release_idle_buffers(&mut self) {
+        self.journal.release_idle_buffers()
     }
 }
 
