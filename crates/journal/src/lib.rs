@@ -368,6 +368,18 @@ mod tests {
         wait_durable(j, last);
     }
 
+    fn config(dir: &std::path::Path) -> JournalConfig {
+        JournalConfig {
+            dir: dir.to_path_buf(),
+            segment_bytes: 64 << 20,
+            batch_bytes_max: 1 << 20,
+            epoch: 0,
+            fence: None,
+            sparse_segments: false,
+            sync_writes: true,
+        }
+    }
+
     fn queue_capacity(j: &Journal) -> usize {
         j.shared.queue.lock().unwrap().buf.capacity()
     }
@@ -375,16 +387,7 @@ mod tests {
     #[test]
     fn an_idle_journal_gives_back_the_capacity_a_burst_grew_and_keeps_working() {
         let dir = tempfile::tempdir().unwrap();
-        let config = JournalConfig {
-            dir: dir.path().to_path_buf(),
-            segment_bytes: 64 << 20,
-            batch_bytes_max: 1 << 20,
-            epoch: 0,
-            fence: None,
-            sparse_segments: false,
-            sync_writes: true,
-        };
-        let mut j = Journal::open(config, |_, _| Ok(())).unwrap();
+        let mut j = Journal::open(config(dir.path()), |_, _| Ok(())).unwrap();
         // Bursts of 4 MiB until the caller's buffer and the queue's are both large: the
         // buffers rotate (caller → queue → writer → queue → caller), and the writer also
         // swaps when it wakes for its spare segment, so how many bursts that takes varies.
@@ -419,16 +422,7 @@ mod tests {
         let last = j.next_lsn() - 1;
         j.close().unwrap();
         let mut count = 0;
-        let config = JournalConfig {
-            dir: dir.path().to_path_buf(),
-            segment_bytes: 64 << 20,
-            batch_bytes_max: 1 << 20,
-            epoch: 0,
-            fence: None,
-            sparse_segments: false,
-            sync_writes: true,
-        };
-        Journal::open(config, |_, _| {
+        Journal::open(config(dir.path()), |_, _| {
             count += 1;
             Ok(())
         })
