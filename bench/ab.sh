@@ -6,7 +6,7 @@
 #
 #   bench/ab.sh SCENARIO REPS VARIANT...
 #
-# SCENARIO is a, b, c, d, f or g (bench/compare.sh's flags); a VARIANT is
+# SCENARIO is a, b, c, d, f or g (the suite's flags, bench/scenarios.sh); a VARIANT is
 # "[VAR=value ...] BIN [haven run flags ...]" (environment and flags for the broker only), e.g.
 #   bench/ab.sh c 4 target/release/haven "target/release/haven --config two-workers.toml"
 # Environment: DURATION_S (5), AB_PORT (62031), BENCH_BIN (the first variant's binary runs
@@ -25,15 +25,9 @@ log() { echo "[ab] $*" >&2; }
 # shellcheck source=bench/broker_proc.sh
 source "$ROOT/bench/broker_proc.sh"
 
-case "$SCENARIO" in
-  a) ARGS="--size 1024 --producers 1 --consumers 1 --persistent true --receipt-every 1 --warmup 200" ;;
-  b) ARGS="--size 1024 --producers 1 --consumers 1 --persistent true --receipt-every 100 --warmup 2000" ;;
-  c) ARGS="--size 1024 --producers 4 --consumers 4 --persistent true --receipt-every 100 --warmup 1000" ;;
-  d) ARGS="--size 1024 --producers 1 --consumers 1 --persistent false --receipt-every 100 --warmup 2000" ;;
-  f) ARGS="--size 65536 --producers 1 --consumers 1 --persistent true --receipt-every 100 --warmup 500" ;;
-  g) ARGS="--size 1024 --producers 100 --consumers 100 --queues 100 --persistent true --receipt-every 100 --warmup 50" ;;
-  *) log "unknown scenario $SCENARIO"; exit 2 ;;
-esac
+# shellcheck source=bench/scenarios.sh
+source "$ROOT/bench/scenarios.sh"
+ARGS=$(scenario_args "$SCENARIO") || exit 2
 # Splits variant $1 into ENV_VARS, BIN and RUN_FLAGS.
 parse_variant() {
   local w words=($1)

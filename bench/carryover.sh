@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What one broker carries from one scenario into the next, as the suite runs them: the given
-# scenarios of BENCHMARKS.md (a b c d f g, (e) is left out: it is count-based), DURATION_S
-# seconds each (default 10), one after another on one broker process. For each it prints
+# scenarios of BENCHMARKS.md (a b c d f g, with the suite's flags from bench/scenarios.sh;
+# (e) is left out: it is count-based), DURATION_S seconds each (default 10), one after
+# another on one broker process. For each it prints
 # whether every message arrived exactly once, the rate, the broker's peak RSS during it
 # (VmHWM, reset before it), its resident memory at the end and 3 s later. A fresh broker
 # starts near 12 MiB; what (a) peaks at after another scenario is what that one left behind.
@@ -18,19 +19,9 @@ PORT=17511
 P=""
 trap '[ -n "$P" ] && kill "$P" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 mib() { awk -v k="$1" '$1 == k":" {printf "%d", $2 / 1024}' "/proc/$P/status"; }
-# The suite's shapes (bench/compare.sh, scenario_args), 1 KiB persistent unless stated.
-args() {
-    case "$1" in
-        a) echo "--receipt-every 1" ;;
-        b) echo "--receipt-every 100 --warmup 5000" ;;
-        c) echo "--producers 4 --consumers 4 --receipt-every 100 --warmup 5000" ;;
-        d) echo "--persistent false --receipt-every 100 --warmup 5000" ;;
-        f) echo "--size 65536 --receipt-every 100 --warmup 500" ;;
-        g) echo "--producers 100 --consumers 100 --queues 100 --receipt-every 100 --warmup 100" ;;
-        *) echo "unknown scenario $1 (a b c d f g)" >&2; exit 2 ;;
-    esac
-}
-for s in "$@"; do args "$s" >/dev/null; done
+# shellcheck source=bench/scenarios.sh
+source "$ROOT/bench/scenarios.sh"
+for s in "$@"; do scenario_args "$s" >/dev/null || exit 2; done
 "$BIN" run --data "$WORK/data" --stomp "127.0.0.1:$PORT" 2>"$WORK/broker.log" & P=$!
 for _ in $(seq 1 100); do (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
 sleep 1
@@ -38,7 +29,7 @@ echo "fresh broker: resident $(mib VmRSS) MiB"
 for s in "$@"; do
     echo 5 > "/proc/$P/clear_refs"
     # shellcheck disable=SC2046
-    line=$("$BIN" bench --url "127.0.0.1:$PORT" $(args "$s") --duration-s "$DURATION_S" \
+    line=$("$BIN" bench --url "127.0.0.1:$PORT" $(scenario_args "$s") --duration-s "$DURATION_S" \
         --destination "/queue/carryover.$s" --json 2>/dev/null | tail -1)
     result=$(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print("ok" if j["ok"] else "NOT OK", int(j["recv_rate"]), "msg/s")' "$line")
     peak=$(mib VmHWM); end=$(mib VmRSS); sleep 3

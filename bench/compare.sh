@@ -284,25 +284,9 @@ RAW="$WORK/results.jsonl"
 log "fdatasync probe in $WORK"
 "${BENCH[@]}" --fsync-probe "$WORK/fsync-probe" --fsync-count 2000 --json >>"$RAW"
 
-# Duration-based scenarios. The warm-up is per producer: it lets ActiveMQ's JIT compile the
-# message path and every broker write its first journal/store files before the clock starts.
-scenario_args() {
-  case "$1" in
-    a) echo "--size 1024 --producers 1 --consumers 1 --persistent true --receipt-every 1 --warmup 200" ;;
-    b) echo "--size 1024 --producers 1 --consumers 1 --persistent true --receipt-every 100 --warmup 2000" ;;
-    c) echo "--size 1024 --producers 4 --consumers 4 --persistent true --receipt-every 100 --warmup 1000" ;;
-    d) echo "--size 1024 --producers 1 --consumers 1 --persistent false --receipt-every 100 --warmup 2000" ;;
-    # (b)'s shape with 64 KiB bodies. 500 warm-up messages are 31 MiB, 15 times (b)'s warm-up
-    # in bytes: the brokers' first store files get written and their per-byte paths (copies,
-    # checksums) hot; (b)'s 2,000 would send 125 MiB before the clock starts.
-    f) echo "--size 65536 --producers 1 --consumers 1 --persistent true --receipt-every 100 --warmup 500" ;;
-    # 100 queues, each with its own producer and consumer (producer i and consumer i on queue
-    # <destination>.i). A small warm-up per producer: 100 producers x 50 = 5,000 messages,
-    # about (c)'s total, and the producers leave warm-up at nearly the same time.
-    g) echo "--size 1024 --producers 100 --consumers 100 --queues 100 --persistent true --receipt-every 100 --warmup 50" ;;
-    *) log "unknown scenario $1"; exit 2 ;;
-  esac
-}
+# Duration-based scenarios: their flags are in bench/scenarios.sh.
+# shellcheck source=bench/scenarios.sh
+source "$ROOT/bench/scenarios.sh"
 
 rss_reset() { echo 5 >"/proc/$1/clear_refs" 2>/dev/null || true; } # resets VmHWM (Linux >= 4.0)
 rss_peak_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }

@@ -357,8 +357,8 @@ mod tests {
         });
     }
 
-    /// Appends `records` records of `bytes` each, flushing after each one, and waits until the
-    /// last is durable; then the writer has swapped buffers with the queue at least once.
+    /// Appends `records` records of `bytes` each, flushes them as one batch and waits until
+    /// the last is durable; then the writer has swapped buffers with the queue at least once.
     fn burst(j: &mut Journal, records: usize, bytes: usize) {
         let mut last = 0;
         for _ in 0..records {

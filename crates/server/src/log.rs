@@ -47,8 +47,8 @@ pub trait DurableLog: Send {
     fn free_bytes(&self) -> Option<u64>;
     /// Makes everything appended durable and stops the writer. Blocking.
     fn close(self: Box<Self>) -> Result<(), JournalError>;
-    /// The broker has gone idle: give back buffer capacity a burst grew (by default, none
-    /// is kept between calls worth giving back).
+    /// The broker has gone idle: give back buffer capacity a burst grew. The default does
+    /// nothing, for logs that keep no such buffers.
     fn release_idle_buffers(&mut self) {}
 }
 
