@@ -34,14 +34,18 @@ const PAGE_IN_HIGH_MESSAGES: usize = 4_000;
 /// when paging cannot keep up or cannot apply).
 const MEMORY_HARD_FACTOR: u64 = 2;
 
-/// Bytes of messages one read-ahead hint names at most: 16 MiB (and never more than the
+/// Bytes of messages one read-ahead hint names at most: 8 MiB (and never more than the
 /// queue's budget). The read-ahead holds them decoded outside the budget until consumed.
-const PREFETCH_HINT_BYTES_MAX: u64 = 16 << 20;
+/// 8 rather than 16 (with the page-in window and the loader's bound): scenario (f) of
+/// BENCHMARKS.md peaked at 123-132 MiB instead of 141-151 at the same rate, 4 runs each
+/// (docs/PERFORMANCE.md); 1 KiB messages are bounded by the counts, not by this.
+const PREFETCH_HINT_BYTES_MAX: u64 = 8 << 20;
 
 /// Bytes of messages one page-in brings the in-memory window up to at most (and never more
 /// than the queue's budget): with large messages the count bounds above allow the whole
-/// budget, which a consumer working through the window does not need.
-const PAGE_IN_WINDOW_BYTES_MAX: u64 = 16 << 20;
+/// budget, which a consumer working through the window does not need. 8 MiB is 128 messages
+/// of 64 KiB, ahead of the consumer's own prefetch window.
+const PAGE_IN_WINDOW_BYTES_MAX: u64 = 8 << 20;
 
 /// Tail entries one call looks at when moving durable ones out of memory.
 const PAGE_OUT_SCAN_MAX: usize = 8_192;

@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex};
 /// Decoded messages waiting for `load`, at most: one batch ahead, plus slack. Beyond it the
 /// worker drops what was never asked for (consumers went away).
 const PREFETCHED_MESSAGES_MAX: usize = 16_384;
-/// The same bound in bytes of messages (`Message::size_bytes`): 16 MiB, what one read-ahead
+/// The same bound in bytes of messages (`Message::size_bytes`): 8 MiB, what one read-ahead
 /// hint names at most (the engine's `PREFETCH_HINT_BYTES_MAX`). Counted in messages alone,
 /// 64 KiB messages could hold a gigabyte here; at 64 MiB, scenario (f) of BENCHMARKS.md
 /// peaked 50–80 MiB higher at the same rate.
-const PREFETCHED_BYTES_MAX: usize = 16 << 20;
+const PREFETCHED_BYTES_MAX: usize = 8 << 20;
 
 /// Messages read ahead, by (lsn, seq), each with its `size_bytes` (summed on the worker that
 /// decoded it, not again on the core that takes it), and the sum of those.
