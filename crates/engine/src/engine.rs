@@ -30,7 +30,7 @@ use crate::selector::{message_lookup, Selector};
 use crate::types::{
     is_wildcard, virtual_topic_of, wildcard_matches, AckMode, ConnId, Destination, QueueKey,
 };
-use haven_headers::Headers;
+use haven_headers::{Decimal, Headers};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -240,7 +240,12 @@ pub struct Engine {
     /// `dead_lettered_topic_seqs` is pruned when it reaches this many (doubling what survived
     /// a pruning, so the scans cost amortized O(queues) per dead-lettered message).
     dead_letter_prune_at_count: usize,
+    /// `ID:haven-<boot id in hex>-`: the ids of messages that are not logged (`number`).
+    transient_id_prefix: String,
 }
+
+/// The id of a logged message is this and its number: stable across restarts.
+const LOGGED_ID_PREFIX: &str = "ID:haven-";
 
 /// The smallest `Engine::dead_letter_prune_at_count`.
 const DEAD_LETTER_PRUNE_AT_COUNT_MIN: usize = 64;
@@ -255,6 +260,7 @@ impl Engine {
             advisories: ConsumerAdvisories::default(),
             dead_lettered_topic_seqs: IdMap::default(),
             dead_letter_prune_at_count: DEAD_LETTER_PRUNE_AT_COUNT_MIN,
+            transient_id_prefix: format!("{LOGGED_ID_PREFIX}{:x}-", cfg.boot_id),
             cfg,
             queues: Vec::new(),
             free_queue_ids: Vec::new(),
@@ -1149,11 +1155,16 @@ impl Engine {
         // gets the restart-stable id; the rest carry this boot's id so that no message-id is
         // ever reused (clients de-duplicate by it).
         let logged = m.persistent && self.will_be_logged(destination);
-        let id = if logged {
-            format!("ID:haven-{seq}")
+        let prefix = if logged {
+            LOGGED_ID_PREFIX
         } else {
-            format!("ID:haven-{:x}-{seq}", self.cfg.boot_id)
+            &self.transient_id_prefix
         };
+        // Not `format!`, which was 1% of a broker's instructions here.
+        let seq_text = Decimal::new(seq);
+        let mut id = String::with_capacity(prefix.len() + seq_text.as_bytes().len());
+        id.push_str(prefix);
+        seq_text.push_to(&mut id);
         Arc::new(Message {
             seq,
             id,

@@ -38,7 +38,7 @@ pub use config::{DestinationLimits, DlqPolicy, EngineConfig, RedeliveryPolicy};
 pub use effect::{Delivery, Effect, Output};
 pub use engine::{Ctx, Engine, MemoryStats, MessageLoader, QueueStats};
 pub use error::EngineError;
-pub use haven_headers::Headers;
+pub use haven_headers::{Decimal, Headers};
 pub use message::Message;
 pub use producers::{ProducerStats, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX};
 pub use record::{ProducerMark, Record, ScheduleState};

@@ -8,6 +8,9 @@
 //! per header of a forwarded SEND another 8% of the receiving broker's. Here a list is two
 //! blocks whatever its length: the text, and where each name and value ends.
 
+mod decimal;
+
+pub use decimal::Decimal;
 use std::fmt;
 
 #[derive(Clone, Default, PartialEq, Eq)]

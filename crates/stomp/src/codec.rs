@@ -15,11 +15,11 @@
 //! are no longer trustworthy: the caller is expected to send an ERROR frame and close.
 
 use crate::error::{quote, DecodeError};
-use crate::escape::{escape_into, unescape_into, Escaping, Part, Unencodable};
+use crate::escape::{escape_into, is_plain, unescape_into, Escaping, Part, Unencodable};
 use crate::frame::{Command, Frame, Item};
 use crate::version::Version;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use haven_headers::Headers;
+use haven_headers::{Decimal, Headers};
 use std::io;
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -380,6 +380,15 @@ impl StompCodec {
         dst.put_slice(command.as_str().as_bytes());
         dst.put_u8(b'\n');
         for (name, value) in headers {
+            // Most headers need no escaping: checked here, they skip two calls that were
+            // a third of escaping's instructions in a broker delivering 1 KiB messages.
+            if is_plain(name, value, mode) {
+                dst.put_slice(name.as_bytes());
+                dst.put_u8(b':');
+                dst.put_slice(value.as_bytes());
+                dst.put_u8(b'\n');
+                continue;
+            }
             escape_into(dst, name, Part::Name, mode).map_err(unencodable)?;
             dst.put_u8(b':');
             escape_into(dst, value, Part::Value, mode).map_err(unencodable)?;
@@ -388,7 +397,7 @@ impl StompCodec {
         if add_content_length {
             // So a binary body (one holding NULs) survives, and the peer need not scan it.
             dst.put_slice(b"content-length:");
-            put_decimal(dst, body_len);
+            dst.put_slice(Decimal::new(body_len as u64).as_bytes());
             dst.put_u8(b'\n');
         }
         dst.put_u8(b'\n');
@@ -445,20 +454,6 @@ fn push_header(headers: &mut Headers, line: &[u8], mode: Escaping) -> Result<(),
         .map_err(|_| DecodeError::BadEscape {
             header: quote(raw_name.as_bytes()),
         })
-}
-
-fn put_decimal(dst: &mut BytesMut, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    dst.put_slice(&digits[i..]);
 }
 
 fn invalid(msg: String) -> io::Error {

@@ -108,6 +108,17 @@ fn any_needs_escape(chunk: &[u8], mode: Escaping) -> bool {
         != 0
 }
 
+/// Whether the header `name: value` is written as it is under `mode`: what `escape_into`
+/// would append unchanged for both, without an error. (False is only a "maybe": the caller
+/// then takes `escape_into`'s way.)
+#[inline]
+pub(crate) fn is_plain(name: &str, value: &str, mode: Escaping) -> bool {
+    mode != Escaping::Off
+        && (mode == Escaping::V1_2 || !value.ends_with('\r'))
+        && !any_needs_escape(name.as_bytes(), mode)
+        && !any_needs_escape(value.as_bytes(), mode)
+}
+
 /// Appends `text` to `dst` escaped for `mode`. On error `dst` may hold a partial write;
 /// the caller truncates it.
 pub(crate) fn escape_into(
@@ -228,6 +239,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `is_plain` never lets through a header that `escape_into` would change or refuse, and
+    /// admits the ordinary ones.
+    #[test]
+    fn a_plain_header_is_one_escaping_leaves_as_it_is() {
+        let texts = [
+            "",
+            "a",
+            "destination",
+            "/queue/a.b",
+            "ID:haven-7",
+            "x\\y",
+            "a\nb",
+            "ends\r",
+            "mid\rdle",
+            "\r",
+            ":",
+            "name:",
+            "ünïcödé",
+            "0123456789abcdef0123456789abcdef",
+        ];
+        for mode in [Escaping::Off, Escaping::V1_1, Escaping::V1_2] {
+            for name in texts {
+                for value in texts {
+                    if !is_plain(name, value, mode) {
+                        continue;
+                    }
+                    assert_eq!(esc(name, Part::Name, mode).as_deref(), Ok(name), "{mode:?}");
+                    assert_eq!(
+                        esc(value, Part::Value, mode).as_deref(),
+                        Ok(value),
+                        "{mode:?}"
+                    );
+                }
+            }
+        }
+        assert!(is_plain("destination", "/queue/a.b", Escaping::V1_2));
+        assert!(is_plain("x", "mid\rdle", Escaping::V1_1));
+        assert!(!is_plain("x", "ends\r", Escaping::V1_1));
+        assert!(!is_plain("x", "ends\r", Escaping::V1_2));
+        assert!(!is_plain("message-id", "ID:haven-7", Escaping::V1_2));
+        assert!(!is_plain("a:b", "v", Escaping::V1_1));
     }
 
     #[test]
