@@ -1,7 +1,7 @@
 //! Decimal text of a number without allocating or going through `fmt`: the numbers a broker
 //! writes into every frame and message (delivery tags, counts, timestamps, `content-length`,
-//! message ids). `format!` costs about 400 instructions for one number, a tenth of a
-//! header's whole encoding; this is the digit loop alone.
+//! message ids). `format!` took about 430 instructions per message id (callgrind, scenario
+//! (c)); this is the digit loop alone.
 
 /// The decimal text of a `u64`, kept on the stack.
 #[derive(Clone, Copy)]
