@@ -39,7 +39,7 @@ pub use effect::{Delivery, Effect, Output};
 pub use engine::{Ctx, Engine, MemoryStats, MessageLoader, QueueStats};
 pub use error::EngineError;
 pub use haven_headers::{Decimal, Headers};
-pub use message::Message;
+pub use message::{Message, PRIORITY_DEFAULT};
 pub use producers::{ProducerStats, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX};
 pub use record::{ProducerMark, Record, ScheduleState};
 pub use types::{

@@ -5,6 +5,9 @@ use crate::types::Destination;
 use bytes::Bytes;
 use haven_headers::Headers;
 
+/// The priority of a message whose SEND names none (JMS's and ActiveMQ's default).
+pub const PRIORITY_DEFAULT: u8 = 4;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     /// Broker-wide arrival number: orders messages FIFO within a priority and keys them in the

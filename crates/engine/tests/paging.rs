@@ -301,3 +301,58 @@ fn memory_that_paging_cannot_free_holds_producers_back() {
     // Other destinations are held back too: memory is the broker's.
     assert!(h.engine.admission(&Destination::Queue("q".into())).is_err());
 }
+
+/// While a queue pages, the budget its in-memory window leaves free holds the newest arrivals:
+/// a consumer reaches them without a read. Before, every message that arrived while anything
+/// was paged out went to the log and back, and memory held only the window (8 MiB, 512 of
+/// these 16 KiB messages) of a budget of 1,024: a backlog that outgrew the budget by a little
+/// was read back in full.
+#[test]
+fn arrivals_while_paging_stay_in_memory_as_far_as_the_budget_allows() {
+    const MESSAGES_IN_BUDGET: u64 = 1_024;
+    let padding = "x".repeat(16 * 1024);
+    let bodies: Vec<String> = (0..1_700).map(|i| format!("m{i:05}{padding}")).collect();
+    let mut probe = Harness::with_paging(EngineConfig::default());
+    probe.connect(1, None);
+    probe.send(1, "/queue/deep", &bodies[0], true);
+    let message_bytes = probe.engine.memory_stats().hot_bytes;
+    assert!(message_bytes > 16 * 1024);
+    let budget_bytes = MESSAGES_IN_BUDGET * message_bytes;
+    let mut h = Harness::with_paging(EngineConfig {
+        memory_bytes_max: budget_bytes,
+        ..EngineConfig::default()
+    });
+    h.connect(1, None);
+    // About 176 beyond the budget: paged out.
+    for body in &bodies[..1_200] {
+        h.send(1, "/queue/deep", body, true);
+    }
+    let paged_out = h.engine.memory_stats().paged_out;
+    assert!(paged_out > 150, "{paged_out}");
+    // A consumer works through 800 while 500 more arrive. Its window leaves room for the
+    // arrivals (the backlog stays under the budget), which stay in memory.
+    h.connect(2, None);
+    let mut pending =
+        deliveries(&h.subscribe(2, "s", "/queue/deep", AckMode::ClientIndividual, 10));
+    let mut got = Vec::new();
+    for (i, body) in bodies[1_200..].iter().enumerate() {
+        consume(
+            &mut h,
+            2,
+            &mut pending,
+            &mut got,
+            Some(if i < 300 { 2 } else { 1 }),
+        );
+        h.send(1, "/queue/deep", body, true);
+    }
+    let stats = h.engine.memory_stats();
+    assert!(stats.hot_bytes <= budget_bytes, "{stats:?}");
+    consume(&mut h, 2, &mut pending, &mut got, None);
+    assert!(got == bodies, "every message once, in order");
+    let stats = h.engine.memory_stats();
+    assert_eq!(stats.paged_out, 0);
+    assert_eq!(
+        stats.paged_in_total, paged_out,
+        "only what outgrew the budget was read back: {stats:?}"
+    );
+}

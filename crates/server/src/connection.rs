@@ -682,7 +682,7 @@ pub(crate) fn translate(
                 }
             };
             let priority = match frame.header("priority") {
-                None => 4,
+                None => haven_engine::PRIORITY_DEFAULT,
                 Some(v) => match v.trim().parse::<u8>() {
                     Ok(p) if p <= 9 => p,
                     _ => return Err(format!("priority must be an integer 0-9, not '{v}'").into()),
