@@ -3,8 +3,7 @@
 //!
 //! A queue that pages keeps three runs of waiting messages, in arrival order:
 //! `ready` (in memory, dispatchable), then `cold` (only in the log: seq → where to read it) and
-//! `tail` (arrived while paging, in memory while the budget allows; the oldest leave for `cold`
-//! once their record is durable, as far as the budget needs). New arrivals go to the
+//! `tail` (arrived while paging, in memory until its record is durable). New arrivals go to the
 //! tail while anything is paged out, so FIFO order holds across the boundary; priority is
 //! honoured within the in-memory window only (as ActiveMQ does without `prioritizedMessages`).
 //!
@@ -82,9 +81,8 @@ impl Engine {
     }
 
     /// Every record below `lsn` is durable (readable back): tail messages whose record now is
-    /// may leave memory, oldest first, as far as the budget needs (this emits nothing, so it
-    /// needs no call context). This is the only place tails are paged out: once per sync
-    /// batch, not per command.
+    /// leave memory at once (this emits nothing, so it needs no call context). This is the
+    /// only place tails are paged out: once per sync batch, not per command.
     ///
     /// Returns whether a queue's page-in waited for a record that is now durable: the caller
     /// must then call [`Engine::resume_page_ins`], or its messages wait for the next command
@@ -203,22 +201,7 @@ impl Engine {
         self.paging_queues.insert(q);
     }
 
-    /// Bytes of queue `q`'s waiting messages that must leave memory to bring it, and the
-    /// broker, back within their budgets.
-    fn excess_bytes(&self, q: QueueId) -> u64 {
-        let queue = self.queue(q);
-        let queue_hot = queue.ready_bytes() + queue.tail_bytes();
-        let total_hot = self.hot_bytes_total.load(Ordering::Relaxed);
-        queue_hot
-            .saturating_sub(self.queue_memory_bytes_max(q))
-            .max(total_hot.saturating_sub(self.cfg.memory_bytes_max))
-    }
-
-    /// Moves the oldest tail messages whose record is durable out of memory, as many as it
-    /// takes to bring the queue and the broker back within budget. The newest stay: a
-    /// consumer reaches them without a read, and a backlog that outgrows the budget by a
-    /// little is read back by that little, not by all that arrived after the budget filled
-    /// (which left the budget unused while paging: memory held only the in-memory window).
+    /// Moves tail messages whose record is durable out of memory.
     pub(super) fn page_out_tails(&mut self) {
         let queues: Vec<QueueId> = self.paging_queues.iter().copied().collect();
         for q in queues {
@@ -226,12 +209,8 @@ impl Engine {
                 self.paging_queues.remove(&q);
                 continue;
             }
-            let mut excess_bytes = self.excess_bytes(q);
             let mut cold = Vec::new();
             for (seq, t) in self.queue(q).tail.iter().take(PAGE_OUT_SCAN_MAX) {
-                if excess_bytes == 0 {
-                    break;
-                }
                 let (lsn, spilled) = match t.spill_lsn {
                     Some(lsn) => (lsn, true),
                     None => match self.stored.get(seq) {
@@ -254,7 +233,6 @@ impl Engine {
                 }
                 let cref = ColdRef::new(lsn, t.entry.size_bytes, spilled, t.entry.redelivered);
                 cold.push((*seq, cref));
-                excess_bytes = excess_bytes.saturating_sub(t.entry.size_bytes);
             }
             for (seq, cref) in cold {
                 let queue = self.queue_mut(q);

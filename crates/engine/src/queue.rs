@@ -220,11 +220,6 @@ impl Queue {
         self.ready_bytes
     }
 
-    /// `size_bytes` of the messages in `tail`.
-    pub fn tail_bytes(&self) -> u64 {
-        self.tail_bytes
-    }
-
     pub fn insert_tail(&mut self, seq: u64, t: TailEntry) -> Option<TailEntry> {
         let bytes = t.entry.size_bytes;
         self.tail_bytes += bytes;
