@@ -433,13 +433,25 @@ fn push_header(headers: &mut Headers, line: &[u8], mode: Escaping) -> Result<(),
     let line = std::str::from_utf8(line).map_err(|_| DecodeError::InvalidUtf8)?;
     // ':' is ASCII, so the byte index is a character boundary.
     let (raw_name, raw_value) = (&line[..colon], &line[colon + 1..]);
-    if mode == Escaping::Off || memchr::memchr(b'\\', line.as_bytes()).is_none() {
+    let backslash = match mode {
+        Escaping::Off => None,
+        _ => memchr::memchr(b'\\', line.as_bytes()),
+    };
+    let Some(backslash) = backslash else {
         headers.push(raw_name, raw_value);
         return Ok(());
-    }
+    };
     headers
         .push_with(
-            |text| unescape_into(raw_name, mode, text),
+            // Usually only the value has escapes (an id's colons): the name is copied.
+            |text| {
+                if backslash > colon {
+                    text.push_str(raw_name);
+                    Ok(())
+                } else {
+                    unescape_into(raw_name, mode, text)
+                }
+            },
             |text| unescape_into(raw_value, mode, text),
         )
         .map_err(|_| DecodeError::BadEscape {
@@ -631,6 +643,31 @@ mod tests {
         let wire = encode(&mut codec(Version::V1_2), &f);
         assert_eq!(&wire[..], b"SEND\ncr:x\\r\n\n\0");
         assert_eq!(one_frame(Version::V1_2, &wire), f);
+    }
+
+    /// A line with a backslash unescapes only the parts that have one: the name is copied
+    /// when its escapes (if any) are all in the value, and vice versa.
+    #[test]
+    fn escapes_are_found_in_either_part_of_a_line() {
+        for v in [Version::V1_1, Version::V1_2] {
+            let f = one_frame(
+                v,
+                b"SEND\norigin:s/ID\\chaven-1\na\\cb:plain\nc\\\\:d\\n\n\n\0",
+            );
+            let headers: Vec<_> = f.headers.iter().collect();
+            assert_eq!(
+                headers,
+                [("origin", "s/ID:haven-1"), ("a:b", "plain"), ("c\\", "d\n")]
+            );
+            assert!(matches!(
+                decode_err(v, b"SEND\nx\\t:v\n\n\0"),
+                DecodeError::BadEscape { .. }
+            ));
+            assert!(matches!(
+                decode_err(v, b"SEND\nx:v\\\n\n\0"),
+                DecodeError::BadEscape { .. }
+            ));
+        }
     }
 
     #[test]

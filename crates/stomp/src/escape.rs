@@ -46,7 +46,7 @@ pub(crate) struct BadEscape;
 pub(crate) fn unescape_into(raw: &str, mode: Escaping, out: &mut String) -> Result<(), BadEscape> {
     let mut rest = raw;
     if mode != Escaping::Off {
-        while let Some(i) = rest.find('\\') {
+        while let Some(i) = memchr::memchr(b'\\', rest.as_bytes()) {
             out.push_str(&rest[..i]);
             // A trailing lone backslash is as bad as an unknown escape.
             out.push(match rest.as_bytes().get(i + 1) {
