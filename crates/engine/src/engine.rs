@@ -2014,7 +2014,7 @@ impl Engine {
             headers: self.advisories.headers(about),
             body: bytes::Bytes::new(),
             persistent: false,
-            priority: 4,
+            priority: crate::message::PRIORITY_DEFAULT,
             expires_ms: 0,
         };
         self.number(topic, message)

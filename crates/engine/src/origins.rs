@@ -367,8 +367,9 @@ impl MarkTable for Origins {
         lsn: Option<u64>,
     ) -> (Option<Id>, Released) {
         assert_eq!(seq, ORIGIN_SEQ, "an origin's only sequence number is 1");
-        // A duplicate accepted is caught by `push`'s index (a second lookup here first cost
-        // a fifth of accepting an origin).
+        // A duplicate accepted (a caller's bug: it asks `is_duplicate` first) is caught by
+        // `push`'s index, unless making room forgot that very origin first. A second lookup
+        // here, to catch that case too, cost a fifth of accepting an origin.
         let mut released = Vec::new();
         self.insert_new(id, now_ms, lsn, &mut released);
         // Only a logged origin is a live object, which the caller's live set names by id.

@@ -239,7 +239,7 @@ impl Delivered {
                 // The engine keeps these as fields, not headers.
                 headers.push(("persistent", if m.persistent { "true" } else { "false" }));
                 // The receiving broker gives a SEND without one the same default.
-                if !scratch.priority.is_empty() {
+                if m.priority != PRIORITY_DEFAULT {
                     headers.push(("priority", scratch.priority.as_str()));
                 }
                 if m.expires_ms != 0 {
