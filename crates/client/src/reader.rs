@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::transport::ReadHalf;
 use bytes::BytesMut;
-use haven_stomp::{Command, Frame, Item, StompCodec};
+use haven_stomp::{release_large_read_buffer, Command, Frame, Item, StompCodec};
 use tokio::io::AsyncReadExt;
 use tokio::task::AbortHandle;
 use tokio_util::codec::Decoder;
@@ -64,6 +64,7 @@ async fn read_loop(
                 }
             }
         }
+        release_large_read_buffer(&mut buf);
         let read = if heartbeat_recv_ms > 0 {
             match tokio::time::timeout(Duration::from_millis(silence_ms), socket.read_buf(&mut buf))
                 .await

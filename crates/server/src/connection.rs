@@ -20,7 +20,9 @@ use haven_engine::{
     AckMode, AckRef, Command, ConnId, Decimal, Delivery, Destination, Headers, NetworkConsumer,
     NewMessage, ProducerSeq, SubscribeOptions, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX,
 };
-use haven_stomp::{Command as Cmd, Frame, Item, Limits, StompCodec, Version};
+use haven_stomp::{
+    release_large_read_buffer, Command as Cmd, Frame, Item, Limits, StompCodec, Version,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -450,6 +452,7 @@ async fn run(
                     }
                     Some(Ok(Item::Heartbeat)) => {}
                     Some(Ok(Item::Frame(frame))) => {
+                        release_large_read_buffer(reader.read_buffer_mut());
                         let disconnect = frame.command == Cmd::Disconnect;
                         let msg = match translate(conn, &frame, s.version, shared) {
                             Ok(cmd) => with_credit(&window, cmd),

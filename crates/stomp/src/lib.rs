@@ -15,6 +15,7 @@ mod codec;
 mod error;
 mod escape;
 mod frame;
+mod read_buffer;
 mod version;
 
 pub use codec::{Limits, StompCodec};
@@ -22,4 +23,7 @@ pub use error::DecodeError;
 pub use frame::{Command, Frame, Item};
 /// A frame's headers (also the engine's message headers): one buffer for all of them.
 pub use haven_headers::Headers;
+pub use read_buffer::{
+    release_large_read_buffer, READ_BUFFER_BYTES_INITIAL, READ_BUFFER_KEEP_BYTES,
+};
 pub use version::Version;
