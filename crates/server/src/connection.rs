@@ -21,7 +21,8 @@ use haven_engine::{
     NewMessage, ProducerSeq, SubscribeOptions, NETWORK_ORIGIN_PREFIX, PRODUCER_ID_BYTES_MAX,
 };
 use haven_stomp::{
-    release_large_read_buffer, Command as Cmd, Frame, Item, Limits, StompCodec, Version,
+    is_empty_and_larger_than, release_large_read_buffer, Command as Cmd, Frame, Item, Limits,
+    StompCodec, Version,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -425,7 +426,7 @@ async fn run(
                     done = true;
                 }
                 let buf = writer.write_buffer_mut();
-                if buf.is_empty() && buf.capacity() > WRITE_BUFFER_KEEP_BYTES {
+                if is_empty_and_larger_than(buf, WRITE_BUFFER_KEEP_BYTES) {
                     *buf = bytes::BytesMut::new();
                 }
                 last_write = Instant::now();

@@ -11,19 +11,20 @@
 //! (`Limits::frame_bytes_max`) plus a few bytes, and every error says what was wrong in
 //! words fit for an ERROR frame's `message` header.
 
+mod buffers;
 mod codec;
 mod error;
 mod escape;
 mod frame;
-mod read_buffer;
 mod version;
 
+pub use buffers::{
+    is_empty_and_larger_than, release_large_read_buffer, READ_BUFFER_BYTES_INITIAL,
+    READ_BUFFER_KEEP_BYTES,
+};
 pub use codec::{Limits, StompCodec};
 pub use error::DecodeError;
 pub use frame::{Command, Frame, Item};
 /// A frame's headers (also the engine's message headers): one buffer for all of them.
 pub use haven_headers::Headers;
-pub use read_buffer::{
-    release_large_read_buffer, READ_BUFFER_BYTES_INITIAL, READ_BUFFER_KEEP_BYTES,
-};
 pub use version::Version;
