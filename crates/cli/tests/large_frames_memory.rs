@@ -150,9 +150,10 @@ async fn idle_consumers_do_not_keep_the_buffers_of_their_large_messages() {
     }
     producer.disconnect().await.expect("producer DISCONNECT");
 
-    // Raw sockets, read until the MESSAGE's closing NUL, as any STOMP client would. (With
-    // `haven_client` consumers the retention did not show; the raw reader reproduces what a
-    // Python client showed: 193 MiB held.)
+    // Raw sockets that SUBSCRIBE without a receipt and read until the MESSAGE's closing NUL.
+    // `haven_client` asks a RECEIPT for its SUBSCRIBE, and a small frame written after the
+    // MESSAGE in the same batch moved the buffer's start back, so the old check saw the whole
+    // allocation and the retention did not show; without one it held 193 MiB.
     let mut consumers = Vec::new();
     for n in 0..SENDERS {
         let queue = format!("/queue/large-{n}");
