@@ -151,9 +151,9 @@ async fn idle_consumers_do_not_keep_the_buffers_of_their_large_messages() {
     producer.disconnect().await.expect("producer DISCONNECT");
 
     // Raw sockets that SUBSCRIBE without a receipt and read until the MESSAGE's closing NUL.
-    // `haven_client` asks a RECEIPT for its SUBSCRIBE, and a small frame written after the
-    // MESSAGE in the same batch moved the buffer's start back, so the old check saw the whole
-    // allocation and the retention did not show; without one it held 193 MiB.
+    // With `haven_client` consumers, which ask a RECEIPT for their SUBSCRIBE, the retention
+    // did not show (most likely the small RECEIPT written after the MESSAGE moved the
+    // buffer's start back, so the old check saw the whole allocation); these held 193 MiB.
     let mut consumers = Vec::new();
     for n in 0..SENDERS {
         let queue = format!("/queue/large-{n}");
