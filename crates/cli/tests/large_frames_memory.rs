@@ -82,6 +82,16 @@ async fn raw_consume_one(addr: std::net::SocketAddr, queue: &str) -> tokio::net:
     sock
 }
 
+/// Sends message `n`, a `BODY_BYTES` body, to `queue` and waits for its RECEIPT.
+async fn send_large(conn: &Connection, queue: &str, n: usize) {
+    let body = Bytes::from(vec![b'0' + (n % 10) as u8; BODY_BYTES]);
+    let sent = conn.send_receipted(queue, &[("persistent", "false")], body);
+    tokio::time::timeout(Duration::from_millis(WAIT_MS), sent)
+        .await
+        .unwrap_or_else(|_| panic!("SEND {n}: no RECEIPT within {WAIT_MS} ms"))
+        .unwrap_or_else(|e| panic!("SEND {n}: {e}"));
+}
+
 async fn connect(url: &str) -> Connection {
     Connection::connect(url, ConnectOptions::default())
         .await
@@ -98,12 +108,7 @@ async fn idle_connections_do_not_keep_the_buffers_of_their_large_frames() {
     let mut senders = Vec::new();
     for n in 0..SENDERS {
         let conn = connect(&url).await;
-        let body = Bytes::from(vec![b'0' + (n % 10) as u8; BODY_BYTES]);
-        let sent = conn.send_receipted("/queue/large", &[("persistent", "false")], body);
-        tokio::time::timeout(Duration::from_millis(WAIT_MS), sent)
-            .await
-            .unwrap_or_else(|_| panic!("SEND {n}: no RECEIPT within {WAIT_MS} ms"))
-            .unwrap_or_else(|e| panic!("SEND {n}: {e}"));
+        send_large(&conn, "/queue/large", n).await;
         // Kept open and idle: what it holds on the broker is what this test measures.
         senders.push(conn);
     }
@@ -140,13 +145,7 @@ async fn idle_consumers_do_not_keep_the_buffers_of_their_large_messages() {
     // One message on each consumer's own queue, so that each consumer gets exactly one.
     let producer = connect(&url).await;
     for n in 0..SENDERS {
-        let body = Bytes::from(vec![b'0' + (n % 10) as u8; BODY_BYTES]);
-        let queue = format!("/queue/large-{n}");
-        let sent = producer.send_receipted(&queue, &[("persistent", "false")], body);
-        tokio::time::timeout(Duration::from_millis(WAIT_MS), sent)
-            .await
-            .unwrap_or_else(|_| panic!("SEND {n}: no RECEIPT within {WAIT_MS} ms"))
-            .unwrap_or_else(|e| panic!("SEND {n}: {e}"));
+        send_large(&producer, &format!("/queue/large-{n}"), n).await;
     }
     producer.disconnect().await.expect("producer DISCONNECT");
 

@@ -22,9 +22,9 @@
 use bytes::BytesMut;
 
 /// Read buffers whose allocation is larger than this are dropped once empty.
-pub const READ_BUFFER_KEEP_BYTES: usize = 128 * 1024;
+const READ_BUFFER_KEEP_BYTES: usize = 128 * 1024;
 /// What a read buffer starts again with (tokio-util's `FramedRead` default).
-pub const READ_BUFFER_BYTES_INITIAL: usize = 8 * 1024;
+const READ_BUFFER_BYTES_INITIAL: usize = 8 * 1024;
 
 /// Whether `buf` holds nothing and its allocation is larger than `bytes_max`. It may move the
 /// buffer's start back to the start of its allocation (no copy: there is nothing to move).

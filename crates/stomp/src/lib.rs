@@ -18,10 +18,7 @@ mod escape;
 mod frame;
 mod version;
 
-pub use buffers::{
-    is_empty_and_larger_than, release_large_read_buffer, READ_BUFFER_BYTES_INITIAL,
-    READ_BUFFER_KEEP_BYTES,
-};
+pub use buffers::{is_empty_and_larger_than, release_large_read_buffer};
 pub use codec::{Limits, StompCodec};
 pub use error::DecodeError;
 pub use frame::{Command, Frame, Item};
