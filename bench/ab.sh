@@ -2,7 +2,8 @@
 # Interleaved A/B of Haven builds or settings on one scenario: each repetition runs every
 # variant once, each on a fresh broker and an empty journal, so drift on a shared machine
 # falls on all variants alike. Prints one line per run: variant, received msg/s, p50 and p99
-# send->receipt (us), peak RSS, broker CPU seconds.
+# send->receipt (us), p50 and p99 of the broker journal's own fdatasyncs (from its log at
+# stop), peak RSS, broker CPU seconds.
 #
 #   bench/ab.sh SCENARIO REPS VARIANT...
 #
@@ -57,13 +58,17 @@ for rep in $(seq "$REPS"); do
     hwm_kib=$(awk '/VmHWM/ { print $2 }' "/proc/$BROKER_PID/status")
     cpu_s=$(awk -v hz="$(getconf CLK_TCK)" '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); printf "%.2f", (f[12] + f[13]) / hz }' "/proc/$BROKER_PID/stat")
     stop_broker
+    # The journal's own fdatasync figures, which the broker logs when it stops.
+    syncs=$(grep -o 'fdatasync latency since open.*' "$WORK/broker.log" | tail -1 || true)
     python3 -c '
-import json, sys
+import json, re, sys
 d = json.loads(sys.argv[1])
 r = d["receipt_latency_us"] or {}
 rate, p50, p99, ok = d["recv_rate"], r.get("p50", 0), r.get("p99", 0), d["ok"]
+s = dict(re.findall(r"(\w+)=(\d+)", sys.argv[6]))
+sync = "sync p50 %s p99 %s us" % (s["p50_us"], s["p99_us"]) if s else "sync -"
 print(f"{sys.argv[2]} | rep {sys.argv[3]} | {rate:,.0f} msg/s | receipt p50 {p50:,.0f} p99 {p99:,.0f} us"
-      f" | peak RSS {int(sys.argv[4]) // 1024} MiB | cpu {sys.argv[5]} s | ok {ok}")
-' "$line" "$variant" "$rep" "$hwm_kib" "$cpu_s"
+      f" | {sync} | peak RSS {int(sys.argv[4]) // 1024} MiB | cpu {sys.argv[5]} s | ok {ok}")
+' "$line" "$variant" "$rep" "$hwm_kib" "$cpu_s" "$syncs"
   done
 done

@@ -13,6 +13,8 @@ use crate::segment::SEGMENT_HEADER_BYTES;
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 /// Default for the most bytes written by one write + fdatasync: 4 MiB.
 pub const BATCH_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+/// Default for a batch's fdatasync that gets a warning in the log: 500 ms.
+pub const SLOW_SYNC_WARN_MS_DEFAULT: u64 = 500;
 /// Smallest segment accepted: 4 KiB (one page).
 pub const SEGMENT_BYTES_MIN: u64 = 4096;
 /// Largest segment accepted: 1 GiB, so record lengths stay far inside `u32`.
@@ -61,6 +63,10 @@ pub struct JournalConfig {
     /// journal that something else makes durable and that can be rebuilt (a replica's state
     /// journal: the Raft log and the last snapshot hold everything in it). Default true.
     pub sync_writes: bool,
+    /// A batch's fdatasync taking this long or longer is logged as a warning (at most one
+    /// line per 10 s, with how many there were) and counted in `SyncStats::slow_syncs`.
+    /// Default 500 ms.
+    pub slow_sync_warn_ms: u64,
 }
 
 impl JournalConfig {
@@ -74,6 +80,7 @@ impl JournalConfig {
             fence: None,
             sparse_segments: false,
             sync_writes: true,
+            slow_sync_warn_ms: SLOW_SYNC_WARN_MS_DEFAULT,
         }
     }
 

@@ -57,8 +57,9 @@ pub use fault::Faults;
 #[cfg(feature = "fault-injection")]
 mod fault {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
+    use std::time::Duration;
 
     /// Fault switches shared between a test and the writer thread. Each switch stays on until
     /// turned off; the journal treats the first failure as fatal anyway.
@@ -66,6 +67,8 @@ mod fault {
     pub struct Faults {
         fail_writes: AtomicBool,
         fail_syncs: AtomicBool,
+        /// Added to every fdatasync of a segment: a slow disk.
+        sync_delay_us: AtomicU64,
     }
 
     impl Faults {
@@ -79,6 +82,11 @@ mod fault {
         /// Every subsequent fdatasync/fsync (files and directory) fails with EIO.
         pub fn fail_syncs(&self, on: bool) {
             self.fail_syncs.store(on, Ordering::SeqCst);
+        }
+        /// Every subsequent fdatasync of a segment takes `delay` longer (zero: no delay).
+        pub fn delay_syncs(&self, delay: Duration) {
+            let us = u64::try_from(delay.as_micros()).expect("a delay in range");
+            self.sync_delay_us.store(us, Ordering::SeqCst);
         }
     }
 
@@ -100,6 +108,10 @@ mod fault {
         fn sync_data(&self, file: &File) -> io::Result<()> {
             if self.faults.fail_syncs.load(Ordering::SeqCst) {
                 return Err(eio("fdatasync"));
+            }
+            let delay_us = self.faults.sync_delay_us.load(Ordering::SeqCst);
+            if delay_us > 0 {
+                std::thread::sleep(Duration::from_micros(delay_us));
             }
             RealFs.sync_data(file)
         }

@@ -26,6 +26,7 @@ mod reader;
 mod record;
 mod recovery;
 mod segment;
+mod sync_latency;
 mod writer;
 
 use std::sync::Arc;
@@ -35,7 +36,7 @@ use tokio::sync::watch;
 
 pub use config::{
     Fence, JournalConfig, BATCH_BYTES_MAX_DEFAULT, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MAX,
-    SEGMENT_BYTES_MIN,
+    SEGMENT_BYTES_MIN, SLOW_SYNC_WARN_MS_DEFAULT,
 };
 pub use error::{JournalError, JournalFailure};
 #[cfg(feature = "fault-injection")]
@@ -44,8 +45,10 @@ pub use probe::{fdatasync_probe, try_fdatasync_probe};
 pub use reader::{Reader, ReaderLimits, ReaderStats};
 pub use record::RECORD_HEADER_BYTES;
 pub use segment::{segment_file_name, SEGMENT_HEADER_BYTES};
+pub use sync_latency::SyncStats;
 
 use fs::{FileOps, RealFs};
+use sync_latency::SyncReporter;
 use writer::{Queue, Shared, Writer};
 
 /// Log sequence number. The first record ever written is 1; 0 means "nothing".
@@ -71,6 +74,8 @@ pub struct JournalStats {
     pub batches: u64,
     /// Record bytes written (headers included).
     pub record_bytes: u64,
+    /// The batches' fdatasyncs: how many and how long.
+    pub sync: SyncStats,
 }
 
 pub struct Journal {
@@ -146,6 +151,10 @@ impl Journal {
             failed: false,
             epoch: config.epoch,
             fence: config.fence.clone(),
+            sync_reporter: SyncReporter::new(
+                std::time::Duration::from_millis(config.slow_sync_warn_ms),
+                std::time::Instant::now(),
+            ),
         };
         let handle = std::thread::Builder::new()
             .name("haven-journal-writer".to_string())
@@ -253,6 +262,7 @@ impl Journal {
         JournalStats {
             batches: self.shared.batches.load(Relaxed),
             record_bytes: self.shared.record_bytes.load(Relaxed),
+            sync: self.shared.sync_latency.stats(),
         }
     }
 
@@ -377,6 +387,7 @@ mod tests {
             fence: None,
             sparse_segments: false,
             sync_writes: true,
+            slow_sync_warn_ms: SLOW_SYNC_WARN_MS_DEFAULT,
         }
     }
 

@@ -35,6 +35,7 @@ use crate::fs::FileOps;
 use crate::record::next_record;
 use crate::recovery::ZERO_CHUNK_BYTES;
 use crate::segment::{ActiveSegment, Spare, RECYCLED_PREFIX, SEGMENT_HEADER_BYTES, TMP_SUFFIX};
+use crate::sync_latency::{SyncLatency, SyncReporter};
 use crate::{JournalFailure, Lsn, SegmentInfo};
 
 /// Zeros written to the spare per idle step (and at least this much after each batch): 1 MiB.
@@ -92,6 +93,8 @@ pub(crate) struct Shared {
     pub batches: AtomicU64,
     /// Record bytes written.
     pub record_bytes: AtomicU64,
+    /// How long the batches' fdatasyncs took.
+    pub sync_latency: SyncLatency,
 }
 
 pub(crate) struct Writer {
@@ -119,6 +122,7 @@ pub(crate) struct Writer {
     pub epoch: u32,
     /// Checked before every write: a deposed master writes nothing more.
     pub fence: Option<crate::Fence>,
+    pub sync_reporter: SyncReporter,
 }
 
 type Failure = JournalFailure;
@@ -181,6 +185,7 @@ impl Writer {
                 }
             }
             if closing {
+                self.sync_reporter.closing(&self.shared.sync_latency);
                 for spare in self.spare.take().into_iter().chain(self.recycled.drain(..)) {
                     let _ = self.ops.remove(spare.path());
                 }
@@ -281,9 +286,17 @@ impl Writer {
                     seg.end_log(&*self.ops)
                         .map_err(|e| failure("write", &seg.path, e))?;
                     if self.sync_writes {
+                        let start = Instant::now();
                         self.ops
                             .sync_data(&seg.file)
                             .map_err(|e| failure("fdatasync", &seg.path, e))?;
+                        let now = Instant::now();
+                        self.sync_reporter.synced(
+                            &self.shared.sync_latency,
+                            now - start,
+                            &seg.path,
+                            now,
+                        );
                     }
                     // Again before anything is reported durable: had a new master taken over
                     // between the check above and this sync, its recovery (which starts only

@@ -85,6 +85,8 @@ pub struct JournalSettings {
     pub maintenance_interval_ms: u64,
     /// Live records re-logged per maintenance round at most, so compaction never stalls traffic.
     pub compaction_records_max: usize,
+    /// A journal fdatasync this slow or slower is logged as a warning.
+    pub slow_sync_warn_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -351,6 +353,7 @@ impl Default for JournalSettings {
             batch_bytes_max: 4 * 1024 * 1024,
             maintenance_interval_ms: 1_000,
             compaction_records_max: 10_000,
+            slow_sync_warn_ms: haven_journal::SLOW_SYNC_WARN_MS_DEFAULT,
         }
     }
 }

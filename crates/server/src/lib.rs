@@ -192,6 +192,7 @@ impl Server {
         jcfg.epoch = shared_fs::current_epoch(&dir)?;
         jcfg.segment_bytes = config.journal.segment_bytes;
         jcfg.batch_bytes_max = config.journal.batch_bytes_max;
+        jcfg.slow_sync_warn_ms = config.journal.slow_sync_warn_ms;
         let env = Env {
             network: Arc::new(net::TcpNetwork),
             clock: Arc::new(clock::SystemClock),

@@ -50,6 +50,7 @@ impl SharedFsStore {
         let mut journal = JournalConfig::new(dir.clone());
         journal.segment_bytes = config.journal.segment_bytes;
         journal.batch_bytes_max = config.journal.batch_bytes_max;
+        journal.slow_sync_warn_ms = config.journal.slow_sync_warn_ms;
         SharedFsStore {
             dir,
             journal,

@@ -19,6 +19,7 @@ pub fn config(dir: &Path, segment_bytes: u64) -> JournalConfig {
         fence: None,
         sparse_segments: false,
         sync_writes: true,
+        slow_sync_warn_ms: haven_journal::SLOW_SYNC_WARN_MS_DEFAULT,
     }
 }
 
