@@ -15,6 +15,9 @@ pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 pub const BATCH_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
 /// Default for a batch's fdatasync that gets a warning in the log: 500 ms.
 pub const SLOW_SYNC_WARN_MS_DEFAULT: u64 = 500;
+/// The first segment of a new journal is at most this long: 4 MiB (see
+/// `recovery::create_segment`: it is zero-filled before the broker serves).
+pub const FIRST_SEGMENT_BYTES_MAX: u64 = 4 * 1024 * 1024;
 /// Smallest segment accepted: 4 KiB (one page).
 pub const SEGMENT_BYTES_MIN: u64 = 4096;
 /// Largest segment accepted: 1 GiB, so record lengths stay far inside `u32`.

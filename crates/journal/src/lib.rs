@@ -35,8 +35,8 @@ use std::thread::JoinHandle;
 use tokio::sync::watch;
 
 pub use config::{
-    Fence, JournalConfig, BATCH_BYTES_MAX_DEFAULT, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MAX,
-    SEGMENT_BYTES_MIN, SLOW_SYNC_WARN_MS_DEFAULT,
+    Fence, JournalConfig, BATCH_BYTES_MAX_DEFAULT, FIRST_SEGMENT_BYTES_MAX, SEGMENT_BYTES_DEFAULT,
+    SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN, SLOW_SYNC_WARN_MS_DEFAULT,
 };
 pub use error::{JournalError, JournalFailure};
 #[cfg(feature = "fault-injection")]

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
+use crate::config::FIRST_SEGMENT_BYTES_MAX;
 use crate::fs::FileOps;
 use crate::record::{frame, Frame, RecordHeader, RECORD_HEADER_BYTES};
 use crate::segment::{
@@ -241,7 +242,14 @@ pub(crate) fn recover(
     })
 }
 
-/// Creates a complete segment synchronously (used when the directory is empty).
+/// Creates the first segment of an empty directory, synchronously. Unless segments are
+/// sparse, it is only `FIRST_SEGMENT_BYTES_MAX` long: zero-filling and flushing a whole 64 MiB
+/// took 40-50 ms of a 48 ms start on the benchmark machine (and once 160 ms, past issue 9's
+/// start-up target of 100 ms), all of it before the broker could serve; 4 MiB takes about 4 ms
+/// (BENCHMARKS.md). The writer rolls over to a full-size spare when it is full, and that spare
+/// is zero-filled between batches like every other, so no sync ever goes into a hole. (A hole
+/// would be ready at once, but then each append's `fdatasync` also has to allocate blocks and
+/// write file metadata, which is why non-sparse journals zero-fill at all.)
 fn create_segment(
     config: &JournalConfig,
     ops: &dyn FileOps,
@@ -251,7 +259,8 @@ fn create_segment(
     let mut spare = if config.sparse_segments {
         Spare::create_sparse(ops, dir, segment_bytes).map_err(|(_, e)| JournalError::io(dir, e))?
     } else {
-        Spare::create(dir, segment_bytes).map_err(|e| JournalError::io(dir, e))?
+        Spare::create(dir, segment_bytes.min(FIRST_SEGMENT_BYTES_MAX))
+            .map_err(|e| JournalError::io(dir, e))?
     };
     let zeros = vec![0u8; ZERO_CHUNK_BYTES];
     spare
@@ -324,7 +333,7 @@ fn recover_segment(
         ops.write_at(&file, &encode_header(name_base, config.epoch), 0)
             .map_err(io)?;
         let mut seg = active_segment(file, path, name_base, file_len, SEGMENT_HEADER_BYTES);
-        end_tail(ops, &mut seg, config.segment_bytes, scan.nonzero).map_err(io)?;
+        end_tail(ops, &mut seg, scan.nonzero).map_err(io)?;
         return Ok((seg, name_base, config.epoch));
     }
     if header_len < SEGMENT_HEADER_BYTES as usize {
@@ -433,7 +442,7 @@ fn recover_segment(
 
     let mut seg = active_segment(file, path, base, file_len, pos);
     if last {
-        end_tail(ops, &mut seg, config.segment_bytes, tail_nonzero).map_err(io)?;
+        end_tail(ops, &mut seg, tail_nonzero).map_err(io)?;
     }
     Ok((seg, lsn, epoch))
 }
@@ -449,35 +458,17 @@ fn active_segment(file: File, path: &Path, base: Lsn, file_len: u64, pos: u64) -
     }
 }
 
-/// Makes the recovered last segment ready for appends: extends it with zeros to
-/// `segment_bytes` if it is shorter, and, if anything after the log is not zero (old records of
-/// a recycled file, or a torn tail), ends the log there with a marker and has the writer end
-/// every batch with one. Rewriting the tail with zeros instead would cost up to a whole
-/// segment's writes on every start and every shared-store takeover.
-fn end_tail(
-    ops: &dyn FileOps,
-    seg: &mut ActiveSegment,
-    segment_bytes: u64,
-    tail_nonzero: bool,
-) -> std::io::Result<()> {
-    let mut wrote = false;
-    if seg.capacity_bytes < segment_bytes {
-        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
-        let mut at = seg.capacity_bytes;
-        while at < segment_bytes {
-            let n = (segment_bytes - at).min(ZERO_CHUNK_BYTES as u64);
-            ops.write_at(&seg.file, &zeros[..n as usize], at)?;
-            at += n;
-        }
-        seg.capacity_bytes = segment_bytes;
-        wrote = true;
-    }
+/// Makes the recovered last segment ready for appends: if anything after the log is not zero
+/// (old records of a recycled file, or a torn tail), ends the log there with a marker and has
+/// the writer end every batch with one. Rewriting the tail with zeros instead would cost up to
+/// a whole segment's writes on every start and every shared-store takeover. A segment shorter
+/// than `segment_bytes` (the first of a journal, a truncated file, or one written with a
+/// smaller setting) keeps its length: the writer rolls over when it is full. Extending it here
+/// would put a zero-fill of up to a whole segment back into every such start.
+fn end_tail(ops: &dyn FileOps, seg: &mut ActiveSegment, tail_nonzero: bool) -> std::io::Result<()> {
     if tail_nonzero {
         seg.stale_tail = true;
         seg.end_log(ops)?;
-        wrote = true;
-    }
-    if wrote {
         ops.sync_all(&seg.file)?;
     }
     Ok(())
