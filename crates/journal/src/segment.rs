@@ -200,6 +200,11 @@ impl Spare {
         self.synced
     }
 
+    /// Zeros still to write before the spare is complete.
+    pub fn unfilled_bytes(&self) -> u64 {
+        self.target_bytes - self.filled_bytes
+    }
+
     /// Writes up to `bytes_max` more zeros (taken from `zeros`, repeated); fsyncs the file once
     /// it is complete. Returns whether the spare is ready.
     pub fn fill_step(

@@ -38,8 +38,11 @@ use crate::segment::{ActiveSegment, Spare, RECYCLED_PREFIX, SEGMENT_HEADER_BYTES
 use crate::sync_latency::{SyncLatency, SyncReporter};
 use crate::{JournalFailure, Lsn, SegmentInfo};
 
-/// Zeros written to the spare per idle step (and at least this much after each batch): 1 MiB.
+/// Zeros written to the spare per idle step: 1 MiB.
 const SPARE_STEP_BYTES: u64 = 1024 * 1024;
+/// Zeros written to the spare after a batch at least: 64 KiB (more when the active segment's
+/// room runs short: `spare_pace_bytes`).
+const SPARE_PACE_BYTES_MIN: u64 = 64 * 1024;
 /// Released segments kept to become spares rather than deleted. Each holds `segment_bytes` of
 /// disk (64 MiB by default) until it is used; two cover a roll over while the next release is
 /// on its way.
@@ -192,7 +195,7 @@ impl Writer {
                 return;
             }
             if !self.failed {
-                if let Err(f) = self.spare_step(written.max(SPARE_STEP_BYTES)) {
+                if let Err(f) = self.spare_step(written) {
                     self.fail(f);
                 }
             }
@@ -223,15 +226,19 @@ impl Writer {
         }
     }
 
-    fn spare_step(&mut self, bytes_max: u64) -> Result<(), Failure> {
+    /// Prepares the spare a step further after a batch of `written` bytes (0: woken with no
+    /// records).
+    fn spare_step(&mut self, written: u64) -> Result<(), Failure> {
         if !self.recycled.is_empty() {
             return Ok(());
         }
         if self.spare.is_none() {
             self.spare = Some(self.new_spare()?);
         }
+        let active_left = self.active.remaining_bytes();
         let spare = self.spare.as_mut().unwrap();
         if !spare.is_ready() {
+            let bytes_max = spare_pace_bytes(written, spare.unfilled_bytes(), active_left);
             spare
                 .fill_step(&*self.ops, &self.zeros, bytes_max)
                 .map_err(|(op, e)| failure(op, spare.path(), e))?;
@@ -413,7 +420,77 @@ impl Writer {
     }
 }
 
+/// Zeros to write to an incomplete spare after a batch of `written` bytes, with `spare_left`
+/// zeros still to write and `active_left` bytes of room left in the active segment. Idle
+/// (nothing written), a whole step. After a batch, twice the spare's share of it: at that pace
+/// the spare is complete when half of the active segment's room is used, however the batches
+/// are sized, so a roll over finds it ready (on a new journal, whose first segment is short,
+/// the share is large). Otherwise the zeros a batch waits behind stay small: a whole MiB after
+/// every batch put a MiB's copy into each of 64 round trips in a row of a producer that waits
+/// for its RECEIPT, after every roll over (docs/PERFORMANCE.md).
+fn spare_pace_bytes(written: u64, spare_left: u64, active_left: u64) -> u64 {
+    if written == 0 {
+        return SPARE_STEP_BYTES;
+    }
+    let share = u128::from(written) * 2 * u128::from(spare_left) / u128::from(active_left.max(1));
+    u64::try_from(share)
+        .unwrap_or(u64::MAX)
+        .max(SPARE_PACE_BYTES_MIN)
+}
+
 /// Allocates the writer's zero buffer.
 pub(crate) fn zeros() -> Vec<u8> {
     vec![0u8; ZERO_CHUNK_BYTES]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batches of `batch` bytes into an active segment with `active` bytes of room, the spare
+    /// paced after each: returns the room left when the spare was complete (None: the segment
+    /// filled first, and the roll over would have had to finish the spare).
+    fn room_left_when_spare_done(batch: u64, active: u64, spare: u64) -> Option<u64> {
+        let (mut active_left, mut spare_left) = (active, spare);
+        while active_left >= batch {
+            active_left -= batch;
+            spare_left =
+                spare_left.saturating_sub(spare_pace_bytes(batch, spare_left, active_left));
+            if spare_left == 0 {
+                return Some(active_left);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn the_spare_is_complete_before_the_active_segment_is_full() {
+        const MIB: u64 = 1024 * 1024;
+        for batch in [100, 1_300, 64 * 1024, MIB, 4 * MIB] {
+            for (active, spare) in [
+                (4 * MIB, 64 * MIB),
+                (64 * MIB, 64 * MIB),
+                (60 * MIB, 64 * MIB),
+            ] {
+                let left = room_left_when_spare_done(batch, active, spare);
+                assert!(
+                    left.is_some(),
+                    "batch {batch}, active {active}, spare {spare}: {left:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn small_batches_wait_behind_small_writes_and_idle_steps_are_whole() {
+        const MIB: u64 = 1024 * 1024;
+        assert_eq!(spare_pace_bytes(0, 64 * MIB, 64 * MIB), SPARE_STEP_BYTES);
+        assert_eq!(
+            spare_pace_bytes(1_300, 64 * MIB, 60 * MIB),
+            SPARE_PACE_BYTES_MIN
+        );
+        // The active segment's room running short raises the pace.
+        assert_eq!(spare_pace_bytes(MIB, 64 * MIB, 2 * MIB), 64 * MIB);
+        assert_eq!(spare_pace_bytes(1_300, 64 * MIB, 0), 64 * MIB * 2 * 1_300);
+    }
 }
