@@ -422,12 +422,14 @@ impl Writer {
 
 /// Zeros to write to an incomplete spare after a batch of `written` bytes, with `spare_left`
 /// zeros still to write and `active_left` bytes of room left in the active segment. Idle
-/// (nothing written), a whole step. After a batch, twice the spare's share of it: at that pace
-/// the spare is complete when half of the active segment's room is used, however the batches
-/// are sized, so a roll over finds it ready (on a new journal, whose first segment is short,
-/// the share is large). Otherwise the zeros a batch waits behind stay small: a whole MiB after
-/// every batch put a MiB's copy into each of 64 round trips in a row of a producer that waits
-/// for its RECEIPT, after every roll over (docs/PERFORMANCE.md).
+/// (nothing written), a whole step. After a batch, twice the batch's share of what is left
+/// (`written * spare_left / active_left`, doubled), and at least `SPARE_PACE_BYTES_MIN`: at
+/// that pace the zeros left never grow against the room left, and as the room runs out the
+/// share becomes all of them, so a roll over finds the spare ready however the batches are
+/// sized (on a new journal, whose first segment is short, the share is large from the start).
+/// Small batches are paced by the minimum: a 64 MiB spare is done after about 1,000 of them.
+/// A whole MiB after every batch, as before, put a MiB's copy into each of 64 round trips in a
+/// row of a producer that waits for its RECEIPT, after every roll over (docs/PERFORMANCE.md).
 fn spare_pace_bytes(written: u64, spare_left: u64, active_left: u64) -> u64 {
     if written == 0 {
         return SPARE_STEP_BYTES;
