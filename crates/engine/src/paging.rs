@@ -59,6 +59,12 @@ pub trait MessageLoader: Send {
     /// The (lsn, seq) pairs `load` will most likely be asked for next, in order: a loader may
     /// read and decode them ahead, off the caller's thread. A hint only; the default ignores it.
     fn prefetch(&mut self, _next: &[(u64, u64)]) {}
+
+    /// Messages read ahead and waiting for `load` now (0 for a loader that does not read
+    /// ahead): lets a test see that a whole hint was read.
+    fn prefetched_len(&self) -> usize {
+        0
+    }
 }
 
 /// How much of the waiting backlog is in memory and how much only in the log.

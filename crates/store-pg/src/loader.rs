@@ -20,7 +20,10 @@ use tokio::sync::{mpsc, watch};
 /// Decoded messages waiting for `load`, at most (as the journal's loader): beyond it the
 /// reader drops what was never asked for.
 const PREFETCHED_MESSAGES_MAX: usize = 16_384;
-/// Records one prefetch reads at most.
+/// Records one prefetch query reads at most; a longer hint is read in several. (The hint was
+/// once cut to this length, and a page-in of up to 4,000 messages then read the other ~3,000
+/// with one blocking query each, which the core waited on: RECEIPTs stalled for 4.5-6 s
+/// on a paging shared-db master, docs/POSTGRES.md.)
 const PREFETCH_RECORDS_MAX: usize = 1_024;
 
 type Decoded = Arc<Mutex<HashMap<(u64, u64), Arc<Message>>>>;
@@ -91,9 +94,14 @@ impl MessageLoader for PgLoader {
     fn prefetch(&mut self, next: &[(u64, u64)]) {
         self.start();
         if let Some(hints) = &self.hints {
-            // The newest hint replaces one not yet read.
-            let _ = hints.send(next.iter().take(PREFETCH_RECORDS_MAX).copied().collect());
+            // The newest hint replaces one not yet read. The engine bounds it (a page-in's
+            // worth, in messages and bytes).
+            let _ = hints.send(next.to_vec());
         }
+    }
+
+    fn prefetched_len(&self) -> usize {
+        self.decoded.lock().expect("prefetch map").len()
     }
 }
 
@@ -128,22 +136,25 @@ async fn serve(
                 if wanted.is_empty() {
                     continue;
                 }
-                let mut lsns: Vec<i64> = wanted.iter().map(|(l, _)| *l as i64).collect();
-                lsns.dedup();
-                // A failure is not reported here: `load` reads again and reports it.
-                let Ok(rows) = read(&s, &mut conn, &lsns).await else { continue };
-                let by_lsn: HashMap<u64, Vec<u8>> =
-                    rows.into_iter().map(|(l, p)| (l as u64, p)).collect();
-                let mut map = decoded.lock().expect("prefetch map");
-                for (lsn, seq) in wanted {
-                    let Some(msg) = by_lsn.get(&lsn).and_then(|p| Record::decode_message(p, lsn, seq).ok())
-                    else {
-                        continue;
-                    };
-                    if map.len() >= PREFETCHED_MESSAGES_MAX {
-                        map.clear();
+                // In hint order, one query per chunk, each chunk ready for `load` as it
+                // arrives. A failure is not reported here: `load` reads again and reports it.
+                for chunk in wanted.chunks(PREFETCH_RECORDS_MAX) {
+                    let mut lsns: Vec<i64> = chunk.iter().map(|(l, _)| *l as i64).collect();
+                    lsns.dedup();
+                    let Ok(rows) = read(&s, &mut conn, &lsns).await else { break };
+                    let by_lsn: HashMap<u64, Vec<u8>> =
+                        rows.into_iter().map(|(l, p)| (l as u64, p)).collect();
+                    let mut map = decoded.lock().expect("prefetch map");
+                    for &(lsn, seq) in chunk {
+                        let Some(msg) = by_lsn.get(&lsn).and_then(|p| Record::decode_message(p, lsn, seq).ok())
+                        else {
+                            continue;
+                        };
+                        if map.len() >= PREFETCHED_MESSAGES_MAX {
+                            map.clear();
+                        }
+                        map.insert((lsn, seq), msg);
                     }
-                    map.insert((lsn, seq), msg);
                 }
             }
         }

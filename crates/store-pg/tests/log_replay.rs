@@ -121,6 +121,51 @@ async fn paged_out_message_is_read_back() {
     });
 }
 
+/// A hint of a whole page-in (the engine asks up to 4,000 messages ahead) is read whole, in
+/// several queries, not cut to one query's worth: the rest would each be read by a blocking
+/// query while the broker's core waits (multi-second stalls on a paging master).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prefetch_hint_is_read_whole() {
+    const N: u64 = 2_500;
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let mut m = acquire(&store).await;
+    let mut loader = m.log.loader();
+    let (mut log, _) = open(&mut m);
+    let mut next = Vec::new();
+    for seq in 1..=N {
+        let record = Record::Store {
+            message: message(seq),
+            holders: Vec::new(),
+            producer: None,
+        };
+        next.push((log.append(&record.to_bytes()), seq));
+    }
+    log.flush();
+    durable(&*log, N).await;
+    tokio::task::block_in_place(|| loader.prefetch(&next));
+    // Waits for the read-ahead (not a timing check: the deadline only ends a failed test).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while loader.prefetched_len() < N as usize {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {N} hinted messages were read ahead",
+            loader.prefetched_len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::task::block_in_place(|| {
+        for (lsn, seq) in next {
+            assert_eq!(*loader.load(lsn, seq).expect("load"), *message(seq));
+        }
+    });
+    assert_eq!(
+        loader.prefetched_len(),
+        0,
+        "every load took its read-ahead message"
+    );
+}
+
 /// Writes records 1..=3 in one mastership and 4..=5 in the next; returns both epochs.
 async fn two_terms(store: &haven_store_pg::PgSharedStore) -> (u64, u64) {
     let mut epochs = Vec::new();
