@@ -6,7 +6,7 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use haven_engine::{Destination, Message, Record};
-use haven_server::SharedStore;
+use haven_server::{DurableLog, SharedStore};
 use haven_store_pg::SEGMENT_RECORDS;
 use std::sync::Arc;
 
@@ -85,6 +85,23 @@ fn message(seq: u64) -> Arc<Message> {
     })
 }
 
+/// Stores messages 1..=n, one record each, and waits until they are durable; returns their LSNs.
+async fn store_messages(log: &mut dyn DurableLog, n: u64) -> Vec<u64> {
+    let lsns: Vec<u64> = (1..=n)
+        .map(|seq| {
+            let record = Record::Store {
+                message: message(seq),
+                holders: Vec::new(),
+                producer: None,
+            };
+            log.append(&record.to_bytes())
+        })
+        .collect();
+    log.flush();
+    durable(log, n).await;
+    lsns
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paged_out_message_is_read_back() {
     let Some(pg) = cluster() else { return };
@@ -92,17 +109,7 @@ async fn paged_out_message_is_read_back() {
     let mut m = acquire(&store).await;
     let mut loader = m.log.loader();
     let (mut log, _) = open(&mut m);
-    let mut lsns = Vec::new();
-    for seq in 1..=20u64 {
-        let record = Record::Store {
-            message: message(seq),
-            holders: Vec::new(),
-            producer: None,
-        };
-        lsns.push(log.append(&record.to_bytes()));
-    }
-    log.flush();
-    durable(&*log, 20).await;
+    let lsns = store_messages(&mut *log, 20).await;
     tokio::task::block_in_place(|| {
         let got = loader.load(lsns[4], 5).expect("load");
         assert_eq!(*got, *message(5));
@@ -132,17 +139,8 @@ async fn a_long_prefetch_hint_is_read_whole() {
     let mut m = acquire(&store).await;
     let mut loader = m.log.loader();
     let (mut log, _) = open(&mut m);
-    let mut next = Vec::new();
-    for seq in 1..=N {
-        let record = Record::Store {
-            message: message(seq),
-            holders: Vec::new(),
-            producer: None,
-        };
-        next.push((log.append(&record.to_bytes()), seq));
-    }
-    log.flush();
-    durable(&*log, N).await;
+    let lsns = store_messages(&mut *log, N).await;
+    let next: Vec<(u64, u64)> = lsns.into_iter().zip(1..=N).collect();
     tokio::task::block_in_place(|| loader.prefetch(&next));
     // Waits for the read-ahead (not a timing check: the deadline only ends a failed test).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
