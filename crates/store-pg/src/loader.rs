@@ -4,15 +4,18 @@
 //! engine gets the loader before replay, but reads only once the broker serves). `load` is a
 //! blocking request/response, bounded by `db_timeout_ms`; the core task waits for it as it
 //! would for a disk read. `prefetch` hints the next batch: the task reads it with one
-//! `lsn = ANY($1)` query and decodes it ahead, so `load` finds most messages ready. Reads need
-//! no fencing: a record, once committed, never changes.
+//! `lsn = ANY($1)` query per 1,024 records and decodes it ahead, so `load` finds most messages
+//! ready. A `load` that arrives while a read-ahead runs is answered between its queries, from
+//! what it read if it holds the message: it waits for one query, not for the whole hint, and
+//! does not read again what the read-ahead just read. Reads need no fencing: a record, once
+//! committed, never changes.
 
 use crate::db::{self, Conn};
 use crate::error::PgError;
 use crate::runtime::PgRuntime;
 use crate::settings::Settings;
 use haven_engine::{Message, MessageLoader, Record};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -27,12 +30,19 @@ const PREFETCHED_MESSAGES_MAX: usize = 16_384;
 const PREFETCH_RECORDS_MAX: usize = 1_024;
 
 type Decoded = Arc<Mutex<HashMap<(u64, u64), Arc<Message>>>>;
-type Reply = std::sync::mpsc::Sender<Result<Vec<u8>, String>>;
+type Reply = std::sync::mpsc::Sender<Result<Arc<Message>, String>>;
+
+/// A `load` the map did not answer: (lsn, seq) and where the message goes.
+struct Request {
+    lsn: u64,
+    seq: u64,
+    reply: Reply,
+}
 
 pub(crate) struct PgLoader {
     s: Arc<Settings>,
     rt: Arc<PgRuntime>,
-    requests: Option<mpsc::UnboundedSender<(u64, Reply)>>,
+    requests: Option<mpsc::UnboundedSender<Request>>,
     hints: Option<watch::Sender<Vec<(u64, u64)>>>,
     decoded: Decoded,
 }
@@ -60,10 +70,12 @@ impl PgLoader {
         self.hints = Some(hint_tx);
     }
 
-    fn read(&mut self, lsn: u64) -> Result<Vec<u8>, String> {
+    /// Asks the reader task for message (`lsn`, `seq`) and waits for it.
+    fn request(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
         self.start();
         let (reply, answer) = std::sync::mpsc::channel();
-        let sent = self.requests.as_ref().expect("started").send((lsn, reply));
+        let request = Request { lsn, seq, reply };
+        let sent = self.requests.as_ref().expect("started").send(request);
         if sent.is_err() {
             self.requests = None;
             self.hints = None;
@@ -87,8 +99,7 @@ impl MessageLoader for PgLoader {
         {
             return Ok(msg);
         }
-        let payload = self.read(lsn)?;
-        Record::decode_message(&payload, lsn, seq)
+        self.request(lsn, seq)
     }
 
     fn prefetch(&mut self, next: &[(u64, u64)]) {
@@ -107,58 +118,96 @@ impl MessageLoader for PgLoader {
 
 async fn serve(
     s: Arc<Settings>,
-    mut requests: mpsc::UnboundedReceiver<(u64, Reply)>,
+    mut requests: mpsc::UnboundedReceiver<Request>,
     mut hints: watch::Receiver<Vec<(u64, u64)>>,
     decoded: Decoded,
 ) {
     let mut conn: Option<Conn> = None;
     loop {
         tokio::select! {
+            // A hint first: the engine hints a page-in and then loads its first message, which
+            // the hint's first query reads; served the other way round, that message would be
+            // read twice and its read-ahead copy left in the map.
             biased;
-            req = requests.recv() => {
-                let Some((lsn, reply)) = req else { return };
-                let result = read(&s, &mut conn, &[lsn as i64]).await.and_then(|mut rows| {
-                    rows.pop().map(|(_, p)| p).ok_or_else(|| format!(
-                        "record {lsn} is not in the store (released, or never committed)"
-                    ))
-                });
-                let _ = reply.send(result);
-            }
             changed = hints.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 let hint = hints.borrow_and_update().clone();
-                let wanted: Vec<(u64, u64)> = {
-                    let map = decoded.lock().expect("prefetch map");
-                    hint.into_iter().filter(|k| !map.contains_key(k)).collect()
-                };
-                if wanted.is_empty() {
-                    continue;
-                }
-                // In hint order, one query per chunk, each chunk ready for `load` as it
-                // arrives. A failure is not reported here: `load` reads again and reports it.
-                for chunk in wanted.chunks(PREFETCH_RECORDS_MAX) {
-                    let mut lsns: Vec<i64> = chunk.iter().map(|(l, _)| *l as i64).collect();
-                    lsns.dedup();
-                    let Ok(rows) = read(&s, &mut conn, &lsns).await else { break };
-                    let by_lsn: HashMap<u64, Vec<u8>> =
-                        rows.into_iter().map(|(l, p)| (l as u64, p)).collect();
-                    let mut map = decoded.lock().expect("prefetch map");
-                    for &(lsn, seq) in chunk {
-                        let Some(msg) = by_lsn.get(&lsn).and_then(|p| Record::decode_message(p, lsn, seq).ok())
-                        else {
-                            continue;
-                        };
-                        if map.len() >= PREFETCHED_MESSAGES_MAX {
-                            map.clear();
-                        }
-                        map.insert((lsn, seq), msg);
-                    }
-                }
+                read_ahead(&s, &mut conn, &decoded, &mut requests, hint).await;
+            }
+            req = requests.recv() => {
+                let Some(req) = req else { return };
+                answer(&s, &mut conn, &decoded, req).await;
             }
         }
     }
+}
+
+/// Reads `hint` in order, one query per `PREFETCH_RECORDS_MAX` records, each chunk ready for
+/// `load` as it arrives. Between queries it answers the `load`s that came meanwhile (the core
+/// waits in them): from the map, or with a query of their own for a message the hint has not
+/// reached yet, which the hint then skips. A failure is not reported here: `load` reads again
+/// and reports it.
+async fn read_ahead(
+    s: &Settings,
+    conn: &mut Option<Conn>,
+    decoded: &Decoded,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+    hint: Vec<(u64, u64)>,
+) {
+    let mut wanted: VecDeque<(u64, u64)> = {
+        let map = decoded.lock().expect("prefetch map");
+        hint.into_iter().filter(|k| !map.contains_key(k)).collect()
+    };
+    while !wanted.is_empty() {
+        let chunk: Vec<(u64, u64)> = wanted
+            .drain(..wanted.len().min(PREFETCH_RECORDS_MAX))
+            .collect();
+        let mut lsns: Vec<i64> = chunk.iter().map(|(l, _)| *l as i64).collect();
+        lsns.dedup();
+        let Ok(rows) = read(s, conn, &lsns).await else {
+            return;
+        };
+        let by_lsn: HashMap<u64, Vec<u8>> = rows.into_iter().map(|(l, p)| (l as u64, p)).collect();
+        {
+            let mut map = decoded.lock().expect("prefetch map");
+            for &(lsn, seq) in &chunk {
+                let Some(msg) = by_lsn
+                    .get(&lsn)
+                    .and_then(|p| Record::decode_message(p, lsn, seq).ok())
+                else {
+                    continue;
+                };
+                if map.len() >= PREFETCHED_MESSAGES_MAX {
+                    map.clear();
+                }
+                map.insert((lsn, seq), msg);
+            }
+        }
+        while let Ok(req) = requests.try_recv() {
+            // Read here, it must not be read again into the map, where nobody would take it.
+            wanted.retain(|k| *k != (req.lsn, req.seq));
+            answer(s, conn, decoded, req).await;
+        }
+    }
+}
+
+/// Answers a `load`: from what the read-ahead decoded if it holds the message, else with a
+/// query of its own.
+async fn answer(s: &Settings, conn: &mut Option<Conn>, decoded: &Decoded, req: Request) {
+    let Request { lsn, seq, reply } = req;
+    let ready = decoded.lock().expect("prefetch map").remove(&(lsn, seq));
+    let result = match ready {
+        Some(msg) => Ok(msg),
+        None => read(s, conn, &[lsn as i64]).await.and_then(|mut rows| {
+            let (_, payload) = rows.pop().ok_or_else(|| {
+                format!("record {lsn} is not in the store (released, or never committed)")
+            })?;
+            Record::decode_message(&payload, lsn, seq)
+        }),
+    };
+    let _ = reply.send(result);
 }
 
 /// Reads the given records; reconnects on the next call after a failure.

@@ -164,6 +164,44 @@ async fn a_long_prefetch_hint_is_read_whole() {
     );
 }
 
+/// A `load` made while a long read-ahead is still reading is answered between its queries
+/// from what it read, not by a query of its own after the whole hint: nothing is read twice,
+/// so no read-ahead copy is left behind in the map. (Before, the reader served a `load` only
+/// once the whole hint was read, then read the record again, and the read-ahead's copy of
+/// every such message stayed in the map until it was cleared at 16,384.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_during_a_read_ahead_takes_what_it_read() {
+    const N: u64 = 3_000;
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let mut m = acquire(&store).await;
+    let mut loader = m.log.loader();
+    let (mut log, _) = open(&mut m);
+    let lsns = store_messages(&mut *log, N).await;
+    let next: Vec<(u64, u64)> = lsns.into_iter().zip(1..=N).collect();
+    tokio::task::block_in_place(|| loader.prefetch(&next));
+    // The first query's records are in: the rest of the hint is still being read (two more
+    // queries) while the loads below reach it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while loader.prefetched_len() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing was read ahead"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    tokio::task::block_in_place(|| {
+        for (lsn, seq) in next {
+            assert_eq!(*loader.load(lsn, seq).expect("load"), *message(seq));
+        }
+    });
+    assert_eq!(
+        loader.prefetched_len(),
+        0,
+        "a message was read twice and its read-ahead copy left behind"
+    );
+}
+
 /// Writes records 1..=3 in one mastership and 4..=5 in the next; returns both epochs.
 async fn two_terms(store: &haven_store_pg::PgSharedStore) -> (u64, u64) {
     let mut epochs = Vec::new();
