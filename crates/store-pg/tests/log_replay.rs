@@ -70,6 +70,56 @@ async fn appended_records_replay_exactly_after_reopen_and_release() {
     assert_eq!(log.segments()[0].base_lsn, 2 * SEGMENT_RECORDS + 1);
 }
 
+/// A release larger than one deletion statement (two segments: two statements) is deleted
+/// whole while the log stays open and goes on writing, and the records written between the
+/// statements are all there, in order: deletion runs between writes, never in their way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_release_is_deleted_in_steps_between_writes() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    let mut m = acquire(&store).await;
+    let (mut log, _) = open(&mut m);
+    let mut want = Vec::new();
+    for i in 1..=2 * SEGMENT_RECORDS + 10 {
+        let p = payload(i, 100);
+        log.append(&p);
+        want.push((i, p));
+    }
+    log.flush();
+    let cp = log.append(b"checkpoint");
+    want.push((cp, b"checkpoint".to_vec()));
+    assert_eq!(log.release_before(cp), 2);
+    // Keep writing while the deletion runs, until it is done.
+    let gone = format!("{}", 2 * SEGMENT_RECORDS + 1);
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let p = payload(log.next_lsn(), 50);
+        want.push((log.append(&p), p));
+        log.flush();
+        durable(&*log, log.next_lsn() - 1).await;
+        if pg.psql("SELECT min(lsn) FROM haven_log").expect("psql") == gone {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the release was not deleted"
+        );
+    }
+    let last = log.next_lsn() - 1;
+    let rows = pg
+        .psql("SELECT min(lsn), max(lsn), count(*) FROM haven_log")
+        .expect("psql");
+    assert_eq!(
+        rows,
+        format!("{gone}|{last}|{}", last - 2 * SEGMENT_RECORDS)
+    );
+    tokio::task::block_in_place(|| log.close()).expect("close");
+    drop(m);
+    let mut m = acquire(&store).await;
+    let (_log, seen) = open(&mut m);
+    assert_eq!(seen, want[2 * SEGMENT_RECORDS as usize..].to_vec());
+}
+
 fn message(seq: u64) -> Arc<Message> {
     Arc::new(Message {
         seq,
