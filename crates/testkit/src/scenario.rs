@@ -1,7 +1,7 @@
 //! Fault scenarios as data: a list of timed steps against broker processes and proxies, so a
 //! new scenario is a literal, not new code.
 //!
-//! ```ignore
+//! ```text
 //! let steps = [
 //!     Step::at(500, Action::Proxy(0, Fault::BlackHole)),
 //!     Step::at(2_000, Action::Proxy(0, Fault::Pass)),
