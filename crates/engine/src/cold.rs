@@ -261,6 +261,16 @@ impl ColdQueue {
         Some((e.seq, e.cref))
     }
 
+    /// The seq of the last entry (a removed one's, if it was removed: never below the last
+    /// live entry's).
+    pub fn last_seq(&self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let e = self.chunks.back()?.entries.last()?;
+        Some(e.seq)
+    }
+
     /// Every live entry, in seq order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, ColdRef)> + '_ {
         self.chunks

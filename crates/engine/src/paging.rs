@@ -56,8 +56,11 @@ pub trait MessageLoader: Send {
     /// `Spill` or `Fire`). An error means the log cannot give back what it acknowledged.
     fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String>;
 
-    /// The (lsn, seq) pairs `load` will most likely be asked for next, in order: a loader may
-    /// read and decode them ahead, off the caller's thread. A hint only; the default ignores it.
+    /// The (lsn, seq) pairs `load` will most likely be asked for after those of earlier hints,
+    /// in order: a loader may read and decode them ahead, off the caller's thread. Each hint
+    /// names only messages no earlier one did (the engine extends the read-ahead as the next
+    /// page-in's window grows, by at most that window), so a loader that reads ahead keeps
+    /// every hint, not just the newest. A hint only; the default ignores it.
     fn prefetch(&mut self, _next: &[(u64, u64)]) {}
 
     /// Messages read ahead and waiting for `load` now (0 for a loader that does not read
@@ -240,7 +243,9 @@ impl Engine {
                 let cref = ColdRef::new(lsn, t.entry.size_bytes, spilled, t.entry.redelivered);
                 cold.push((*seq, cref));
             }
-            for (seq, cref) in cold {
+            let queue = self.queue(q);
+            let before = (queue.cold.len(), queue.cold.bytes(), queue.cold.last_seq());
+            for &(seq, cref) in &cold {
                 let queue = self.queue_mut(q);
                 let t = queue.remove_tail(&seq).expect("scanned");
                 assert_eq!(
@@ -259,10 +264,54 @@ impl Engine {
                     assert_eq!(s.lsn, cref.lsn);
                 }
             }
+            if !cold.is_empty() && !self.queue(q).consumers.is_empty() {
+                self.hint_arrivals(q, before, &cold);
+            }
             if !self.queue(q).is_paging() {
                 self.paging_queues.remove(&q);
             }
         }
+    }
+
+    /// Names to the loader the messages just paged out of `q`'s tail (`arrived`, in seq
+    /// order, all durable) that fall in the next page-in's window, when everything paged out
+    /// before them was named already. `before`: the paged-out run's length, bytes and last
+    /// seq before they joined it.
+    ///
+    /// Without it a store whose syncs lag the producers (PostgreSQL's group commit) left the
+    /// window short when it was hinted, most of the backlog still waiting in the tail, and the
+    /// next page-in read the rest one blocking query each: 1,300-1,700 in a row, the core
+    /// waiting on each, RECEIPTs held for up to a second (docs/POSTGRES.md).
+    fn hint_arrivals(
+        &mut self,
+        q: QueueId,
+        before: (usize, u64, Option<u64>),
+        arrived: &[(u64, ColdRef)],
+    ) {
+        let (mut count, mut bytes, last_seq) = before;
+        let bytes_max = self.hint_bytes_max(q);
+        let through = self.queue(q).hinted_through;
+        let all_named = match (last_seq, through) {
+            (None, _) => true,
+            (Some(last), Some(t)) => t >= last,
+            (Some(_), None) => false,
+        };
+        if !all_named {
+            // The window's front is not named yet: the next page-in names it in order.
+            return;
+        }
+        let mut next = Vec::new();
+        for &(seq, cref) in arrived {
+            if count >= PAGE_IN_HIGH_MESSAGES || bytes >= bytes_max {
+                break;
+            }
+            count += 1;
+            bytes += u64::from(cref.bytes);
+            if through.is_none_or(|t| seq > t) {
+                next.push((cref.lsn, seq));
+            }
+        }
+        self.send_hint(q, next);
     }
 
     /// Brings paged messages of `q` back into memory, in arrival order, when the in-memory
@@ -334,28 +383,49 @@ impl Engine {
             self.paging_queues.remove(&q);
             return;
         }
-        // Let the loader read the next batch ahead while consumers work through this one,
-        // bounded in bytes as well as messages (64 KiB messages made a count-only batch
-        // 256 MiB, all of it outside the budget).
+        // Let the loader read the next batch ahead while consumers work through this one.
+        self.hint_window(q);
+    }
+
+    /// Bytes the next page-in's window (and so one read-ahead) covers at most.
+    fn hint_bytes_max(&self, q: QueueId) -> u64 {
+        self.queue_memory_bytes_max(q).min(PREFETCH_HINT_BYTES_MAX)
+    }
+
+    /// Names to the loader the durable messages of the next page-in's window (the first
+    /// `PAGE_IN_HIGH_MESSAGES` paged-out ones, within the hint's bytes, counting the one that
+    /// crosses them, as a page-in loads it) that no earlier hint named. A hint names each
+    /// message once, so a loader keeps what it was told before: the window fills from two
+    /// sides, the front moving on as consumers take messages (here) and the back growing as
+    /// tails become durable (`page_out_tails`).
+    fn hint_window(&mut self, q: QueueId) {
+        let bytes_max = self.hint_bytes_max(q);
         let durable = self.durable_lsn;
-        let mut hinted_bytes = 0u64;
-        let next: Vec<(u64, u64)> = self
-            .queue(q)
+        let queue = self.queue(q);
+        let through = queue.hinted_through;
+        let mut window_bytes = 0u64;
+        let next: Vec<(u64, u64)> = queue
             .cold
             .iter()
             .take(PAGE_IN_HIGH_MESSAGES)
-            .filter(|(_, c)| c.lsn < durable)
             .take_while(|(_, c)| {
-                let first = hinted_bytes == 0;
-                hinted_bytes += u64::from(c.bytes);
-                first || hinted_bytes <= budget.min(PREFETCH_HINT_BYTES_MAX)
+                let before = window_bytes;
+                window_bytes += u64::from(c.bytes);
+                before < bytes_max && c.lsn < durable
             })
+            .filter(|(seq, _)| through.is_none_or(|t| *seq > t))
             .map(|(seq, c)| (c.lsn, seq))
             .collect();
-        if !next.is_empty() {
-            if let Some(loader) = self.loader.as_mut() {
-                loader.prefetch(&next);
-            }
+        self.send_hint(q, next);
+    }
+
+    fn send_hint(&mut self, q: QueueId, next: Vec<(u64, u64)>) {
+        let Some(&(_, last)) = next.last() else {
+            return;
+        };
+        self.queue_mut(q).hinted_through = Some(last);
+        if let Some(loader) = self.loader.as_mut() {
+            loader.prefetch(&next);
         }
     }
 

@@ -120,6 +120,10 @@ pub(crate) struct Queue {
     pub cold: ColdQueue,
     /// Arrived while paging, by seq; merged with `cold` in seq order when paged in.
     pub tail: BTreeMap<u64, TailEntry>,
+    /// The highest seq of `cold` named to the loader in a read-ahead hint: every paged-out
+    /// message up to it was (see `Engine::hint_window`). None when nothing was, or when the
+    /// last consumer left (the loader may drop what nobody took; a new one is hinted anew).
+    pub hinted_through: Option<u64>,
     /// `size_bytes` of the messages in `ready`.
     ready_bytes: u64,
     /// `size_bytes` of the messages in `tail`.
@@ -148,6 +152,7 @@ impl Queue {
             delayed_at: IdMap::default(),
             cold: ColdQueue::default(),
             tail: BTreeMap::new(),
+            hinted_through: None,
             ready_bytes: 0,
             tail_bytes: 0,
             hot_bytes_total,
@@ -189,6 +194,9 @@ impl Queue {
         }
         self.groups.retain(|_, (c, s)| !(*c == conn && s == sub_id));
         self.next_consumer = 0;
+        if self.consumers.is_empty() {
+            self.hinted_through = None;
+        }
     }
 
     pub fn network_consumers(&self) -> usize {

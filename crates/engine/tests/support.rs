@@ -12,10 +12,38 @@ use std::sync::{Arc, Mutex};
 /// of a record the engine let go of fails the test.
 type Disk = Arc<Mutex<BTreeMap<u64, Vec<u8>>>>;
 
-struct DiskLoader(Disk);
+/// What the engine asked of a loader that reads ahead: the (lsn, seq) its hints named, how
+/// often one was named again, and the loads of messages no hint had named.
+#[derive(Debug, Default)]
+pub struct Hints {
+    pub named: std::collections::HashSet<(u64, u64)>,
+    pub named_again: usize,
+    pub loads: usize,
+    pub unhinted_loads: Vec<(u64, u64)>,
+}
+
+struct DiskLoader(Disk, Option<Arc<Mutex<Hints>>>);
 
 impl MessageLoader for DiskLoader {
+    fn prefetch(&mut self, next: &[(u64, u64)]) {
+        if let Some(hints) = &self.1 {
+            let mut hints = hints.lock().unwrap();
+            for &k in next {
+                if !hints.named.insert(k) {
+                    hints.named_again += 1;
+                }
+            }
+        }
+    }
+
     fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
+        if let Some(hints) = &self.1 {
+            let mut hints = hints.lock().unwrap();
+            hints.loads += 1;
+            if !hints.named.contains(&(lsn, seq)) {
+                hints.unhinted_loads.push((lsn, seq));
+            }
+        }
         let disk = self.0.lock().unwrap();
         let bytes = disk.get(&lsn).ok_or(format!("record {lsn} was deleted"))?;
         let record = Record::decode(bytes).map_err(|e| e.to_string())?;
@@ -56,9 +84,20 @@ impl Harness {
     /// A harness whose engine pages messages out beyond `cfg.memory_bytes_max`, reading them
     /// back from the harness's log.
     pub fn with_paging(cfg: EngineConfig) -> Harness {
+        Harness::paging(cfg, None)
+    }
+
+    /// `with_paging`, with a loader that records the engine's read-ahead hints and loads.
+    pub fn with_paging_hints(cfg: EngineConfig) -> (Harness, Arc<Mutex<Hints>>) {
+        let hints = Arc::default();
+        (Harness::paging(cfg, Some(Arc::clone(&hints))), hints)
+    }
+
+    fn paging(cfg: EngineConfig, hints: Option<Arc<Mutex<Hints>>>) -> Harness {
         let mut h = Harness::new(cfg);
         let disk: Disk = Arc::default();
-        h.engine.set_loader(Box::new(DiskLoader(disk.clone())));
+        h.engine
+            .set_loader(Box::new(DiskLoader(disk.clone(), hints)));
         h.disk = Some(disk);
         h
     }
@@ -246,7 +285,7 @@ impl Harness {
     pub fn recovered_engine(&self) -> Engine {
         let mut e = Engine::new(self.cfg.clone());
         if let Some(disk) = &self.disk {
-            e.set_loader(Box::new(DiskLoader(disk.clone())));
+            e.set_loader(Box::new(DiskLoader(disk.clone(), None)));
             let resume = e.set_durable_lsn(self.next_lsn);
             assert!(!resume, "nothing consumed before recovery");
         }

@@ -21,6 +21,10 @@ const PREFETCHED_MESSAGES_MAX: usize = 16_384;
 /// 64 KiB messages could hold a gigabyte here; at 64 MiB, scenario (f) of BENCHMARKS.md
 /// peaked 50–80 MiB higher at the same rate.
 const PREFETCHED_BYTES_MAX: usize = 8 << 20;
+/// Hints waiting for the worker at most. The engine sends one per page-in and one per sync
+/// batch that pages messages out, each within the next page-in's window, so the queue stays
+/// short; one hint at most (as this once was) dropped most of the second kind.
+const HINTS_QUEUED_MAX: usize = 1_024;
 
 /// Messages read ahead, by (lsn, seq), each with its `size_bytes` (summed on the worker that
 /// decoded it, not again on the core that takes it), and the sum of those.
@@ -99,8 +103,9 @@ impl JournalLoader {
     }
 
     fn start_worker(&mut self) -> Option<SyncSender<Vec<(u64, u64)>>> {
-        // One hint in the queue at most: a newer one while the worker is busy is dropped.
-        let (tx, rx) = mpsc::sync_channel::<Vec<(u64, u64)>>(1);
+        // Hints are kept in order (each names messages after the last one's); beyond
+        // `HINTS_QUEUED_MAX` waiting a new one is dropped, and the core reads those itself.
+        let (tx, rx) = mpsc::sync_channel::<Vec<(u64, u64)>>(HINTS_QUEUED_MAX);
         let dir = self.dir.clone();
         let decoded = self.decoded.clone();
         let spawned = std::thread::Builder::new()

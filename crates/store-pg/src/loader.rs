@@ -3,9 +3,10 @@
 //! A reader task on the store's thread owns its own connection (opened on first use: the
 //! engine gets the loader before replay, but reads only once the broker serves). `load` is a
 //! blocking request/response, bounded by `db_timeout_ms`; the core task waits for it as it
-//! would for a disk read. `prefetch` hints the next batch: the task reads it with one
-//! `lsn = ANY($1)` query per 1,024 records and decodes it ahead, so `load` finds most messages
-//! ready. A `load` that arrives while a read-ahead runs is answered between its queries, from
+//! would for a disk read. `prefetch` hints the next messages: the task reads them with one
+//! `lsn = ANY($1)` query per 1,024 records and decodes them ahead, so `load` finds most
+//! messages ready. Hints are kept in order, each naming messages after the last one's (the
+//! engine's contract), and those that came during a read-ahead extend it. A `load` that arrives while a read-ahead runs is answered between its queries, from
 //! what it read if it holds the message: it waits for one query, not for the whole hint, and
 //! does not read again what the read-ahead just read. Reads need no fencing: a record, once
 //! committed, never changes.
@@ -18,7 +19,7 @@ use haven_engine::{Message, MessageLoader, Record};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// Decoded messages waiting for `load`, at most (as the journal's loader): beyond it the
 /// reader drops what was never asked for.
@@ -28,6 +29,13 @@ const PREFETCHED_MESSAGES_MAX: usize = 16_384;
 /// with one blocking query each, which the core waited on: RECEIPTs stalled for 4.5-6 s
 /// on a paging shared-db master, docs/POSTGRES.md.)
 const PREFETCH_RECORDS_MAX: usize = 1_024;
+/// Hints queued for the reader task at most; beyond it a new one is dropped, and its
+/// messages are read one query each when loaded. The engine sends one per page-in and one per
+/// sync batch that pages messages out, each within the next page-in's window, so the queue
+/// stays short.
+const HINTS_QUEUED_MAX: usize = 1_024;
+
+type Hint = Vec<(u64, u64)>;
 
 type Decoded = Arc<Mutex<HashMap<(u64, u64), Arc<Message>>>>;
 type Reply = std::sync::mpsc::Sender<Result<Arc<Message>, String>>;
@@ -43,7 +51,7 @@ pub(crate) struct PgLoader {
     s: Arc<Settings>,
     rt: Arc<PgRuntime>,
     requests: Option<mpsc::UnboundedSender<Request>>,
-    hints: Option<watch::Sender<Vec<(u64, u64)>>>,
+    hints: Option<mpsc::Sender<Hint>>,
     decoded: Decoded,
 }
 
@@ -63,7 +71,7 @@ impl PgLoader {
             return;
         }
         let (req_tx, req_rx) = mpsc::unbounded_channel();
-        let (hint_tx, hint_rx) = watch::channel(Vec::new());
+        let (hint_tx, hint_rx) = mpsc::channel(HINTS_QUEUED_MAX);
         self.rt
             .spawn(serve(self.s.clone(), req_rx, hint_rx, self.decoded.clone()));
         self.requests = Some(req_tx);
@@ -105,9 +113,10 @@ impl MessageLoader for PgLoader {
     fn prefetch(&mut self, next: &[(u64, u64)]) {
         self.start();
         if let Some(hints) = &self.hints {
-            // The newest hint replaces one not yet read. The engine bounds it (a page-in's
-            // worth, in messages and bytes).
-            let _ = hints.send(next.to_vec());
+            match hints.try_send(next.to_vec()) {
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => self.hints = None,
+            }
         }
     }
 
@@ -119,7 +128,7 @@ impl MessageLoader for PgLoader {
 async fn serve(
     s: Arc<Settings>,
     mut requests: mpsc::UnboundedReceiver<Request>,
-    mut hints: watch::Receiver<Vec<(u64, u64)>>,
+    mut hints: mpsc::Receiver<Hint>,
     decoded: Decoded,
 ) {
     let mut conn: Option<Conn> = None;
@@ -129,12 +138,9 @@ async fn serve(
             // the hint's first query reads; served the other way round, that message would be
             // read twice and its read-ahead copy left in the map.
             biased;
-            changed = hints.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                let hint = hints.borrow_and_update().clone();
-                read_ahead(&s, &mut conn, &decoded, &mut requests, hint).await;
+            hint = hints.recv() => {
+                let Some(hint) = hint else { return };
+                read_ahead(&s, &mut conn, &decoded, &mut requests, &mut hints, hint).await;
             }
             req = requests.recv() => {
                 let Some(req) = req else { return };
@@ -144,23 +150,33 @@ async fn serve(
     }
 }
 
-/// Reads `hint` in order, one query per `PREFETCH_RECORDS_MAX` records, each chunk ready for
-/// `load` as it arrives. Between queries it answers the `load`s that came meanwhile (the core
-/// waits in them): from the map, or with a query of their own for a message the hint has not
-/// reached yet, which the hint then skips. A failure is not reported here: `load` reads again
-/// and reports it.
+/// Reads `hint`, and the hints that come while it runs, in order, one query per
+/// `PREFETCH_RECORDS_MAX` records, each chunk ready for `load` as it arrives. Between queries
+/// it answers the `load`s that came meanwhile (the core waits in them): from the map, or with
+/// a query of their own for a message the hints have not reached yet, which they then skip.
+/// A failure is not reported here: `load` reads again and reports it.
 async fn read_ahead(
     s: &Settings,
     conn: &mut Option<Conn>,
     decoded: &Decoded,
     requests: &mut mpsc::UnboundedReceiver<Request>,
-    hint: Vec<(u64, u64)>,
+    hints: &mut mpsc::Receiver<Hint>,
+    hint: Hint,
 ) {
-    let mut wanted: VecDeque<(u64, u64)> = {
+    let mut wanted: VecDeque<(u64, u64)> = VecDeque::new();
+    let add = |wanted: &mut VecDeque<(u64, u64)>, hint: Hint| {
         let map = decoded.lock().expect("prefetch map");
-        hint.into_iter().filter(|k| !map.contains_key(k)).collect()
+        wanted.extend(hint.into_iter().filter(|k| !map.contains_key(k)));
     };
-    while !wanted.is_empty() {
+    add(&mut wanted, hint);
+    loop {
+        // Later hints name later messages: read them in the same run of queries.
+        while let Ok(more) = hints.try_recv() {
+            add(&mut wanted, more);
+        }
+        if wanted.is_empty() {
+            return;
+        }
         let chunk: Vec<(u64, u64)> = wanted
             .drain(..wanted.len().min(PREFETCH_RECORDS_MAX))
             .collect();
