@@ -213,16 +213,20 @@ async fn hint_then_load_all(n: u64, hints: usize, ahead: usize) -> Option<usize>
     Some(loader.prefetched_len())
 }
 
+/// `hint_then_load_all`, then checks that every load took its read-ahead copy (`why` says
+/// what a copy left behind would mean).
+async fn every_read_ahead_copy_is_taken(n: u64, hints: usize, ahead: usize, why: &str) {
+    if let Some(left) = hint_then_load_all(n, hints, ahead).await {
+        assert_eq!(left, 0, "{why}");
+    }
+}
+
 /// A hint of a whole page-in (the engine asks up to 4,000 messages ahead) is read whole, in
 /// several queries, not cut to one query's worth: the rest would each be read by a blocking
 /// query while the broker's core waits (multi-second stalls on a paging master).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_prefetch_hint_is_read_whole() {
-    const N: u64 = 2_500;
-    let Some(left) = hint_then_load_all(N, 1, N as usize).await else {
-        return;
-    };
-    assert_eq!(left, 0, "every load took its read-ahead message");
+    every_read_ahead_copy_is_taken(2_500, 1, 2_500, "a read-ahead copy was left behind").await;
 }
 
 /// Hints sent one after another are all read ahead: each names messages after the last
@@ -230,11 +234,7 @@ async fn a_long_prefetch_hint_is_read_whole() {
 /// newest hint not yet started, which was enough while each hint named a whole window.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hints_sent_back_to_back_are_all_read_ahead() {
-    const N: u64 = 3_000;
-    let Some(left) = hint_then_load_all(N, 6, N as usize).await else {
-        return;
-    };
-    assert_eq!(left, 0, "every load took its read-ahead message");
+    every_read_ahead_copy_is_taken(3_000, 6, 3_000, "a read-ahead copy was left behind").await;
 }
 
 /// A `load` made while a long read-ahead is still reading is answered between its queries
@@ -246,13 +246,8 @@ async fn hints_sent_back_to_back_are_all_read_ahead() {
 async fn a_load_during_a_read_ahead_takes_what_it_read() {
     // Loading starts once the first query's records are in: the rest of the hint is still
     // being read (two more queries) while the loads reach it.
-    let Some(left) = hint_then_load_all(3_000, 1, 1).await else {
-        return;
-    };
-    assert_eq!(
-        left, 0,
-        "a message was read twice and its read-ahead copy left behind"
-    );
+    let why = "a message was read twice and its read-ahead copy left behind";
+    every_read_ahead_copy_is_taken(3_000, 1, 1, why).await;
 }
 
 /// Writes records 1..=3 in one mastership and 4..=5 in the next; returns both epochs.
