@@ -323,6 +323,15 @@ impl Engine {
         }
         let budget = self.queue_memory_bytes_max(q);
         let window_bytes = budget.min(PAGE_IN_WINDOW_BYTES_MAX);
+        let queue = self.queue(q);
+        if let Some((front, _)) = queue.cold.first() {
+            if queue.hinted_through.is_none_or(|t| t < front) {
+                // Nothing of this window was named (the first page-in of a backlog filled
+                // while nobody consumed, or after the last consumer left): name it before
+                // reading, so the loader reads it in batches, not one blocking read each.
+                self.hint_window(q);
+            }
+        }
         while self.fatal.is_none() {
             let queue = self.queue(q);
             if queue.ready_len() >= PAGE_IN_HIGH_MESSAGES

@@ -216,6 +216,47 @@ fn every_paged_in_message_was_hinted_once_before_it_was_loaded() {
     assert_eq!(hints.named_again, 0, "messages hinted again");
 }
 
+/// A backlog filled while nobody consumed, and one left by its last consumer, is hinted
+/// from its front before the first page-in reads it: read one message at a time, a PostgreSQL
+/// store's first page-in is thousands of blocking queries.
+#[test]
+fn a_consumer_arriving_at_a_paged_backlog_is_read_ahead_from_the_start() {
+    let (mut h, hints) = Harness::with_paging_hints(EngineConfig {
+        memory_bytes_max: 100_000,
+        ..EngineConfig::default()
+    });
+    h.connect(1, None);
+    let bodies: Vec<String> = (0..6_000).map(|i| format!("m{i:05}")).collect();
+    for body in &bodies {
+        h.send(1, "/queue/filled", body, true);
+    }
+    h.connect(2, None);
+    let mut pending =
+        deliveries(&h.subscribe(2, "a", "/queue/filled", AckMode::ClientIndividual, 1));
+    let mut got = Vec::new();
+    consume(&mut h, 2, &mut pending, &mut got, Some(2_000));
+    // The consumer leaves; its unacknowledged message goes back. Another comes later.
+    h.close(2);
+    h.connect(3, None);
+    let mut pending =
+        deliveries(&h.subscribe(3, "b", "/queue/filled", AckMode::ClientIndividual, 1));
+    consume(&mut h, 3, &mut pending, &mut got, None);
+    assert_eq!(got, bodies);
+    let hints = hints.lock().unwrap();
+    assert!(
+        hints.loads > 4_000,
+        "the backlog was paged: {} loads",
+        hints.loads
+    );
+    assert_eq!(
+        hints.unhinted_loads.len(),
+        0,
+        "of {} loads, these were not hinted first: {:?}",
+        hints.loads,
+        &hints.unhinted_loads[..hints.unhinted_loads.len().min(10)]
+    );
+}
+
 #[test]
 fn non_persistent_messages_spill_to_the_log_and_do_not_survive_a_restart() {
     let mut h = paging_harness();

@@ -8,7 +8,7 @@
 use haven_engine::hash::IdHash;
 use haven_engine::{Message, MessageLoader, Record};
 use haven_journal::Reader;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -40,6 +40,13 @@ struct Prefetched {
     /// Keys in the order they were inserted; some already taken.
     order: VecDeque<(u64, u64)>,
     bytes: usize,
+    /// Messages the core read itself (`load` found them missing) that the worker may still
+    /// be about to read from a hint: it skips them, or drops its copy, instead of leaving one
+    /// nobody will take. The engine hints a page-in's window just before it loads the first
+    /// messages, so the core often reads those before the worker starts. Oldest first in
+    /// `read_by_core_order`, at most `PREFETCHED_MESSAGES_MAX`.
+    read_by_core: HashSet<(u64, u64), IdHash>,
+    read_by_core_order: VecDeque<(u64, u64)>,
 }
 
 impl Prefetched {
@@ -68,6 +75,30 @@ impl Prefetched {
 
     fn clear(&mut self) {
         *self = Prefetched::default();
+    }
+
+    /// The core read `key` itself.
+    fn note_read_by_core(&mut self, key: (u64, u64)) {
+        if self.read_by_core.insert(key) {
+            self.read_by_core_order.push_back(key);
+        }
+        while self.read_by_core_order.len() > PREFETCHED_MESSAGES_MAX {
+            let old = self.read_by_core_order.pop_front().expect("over the bound");
+            self.read_by_core.remove(&old);
+        }
+    }
+
+    /// Whether the worker should read hinted `key`: not if it holds it already or the core
+    /// read it (which it then forgets: a key is hinted once).
+    fn wanted(&mut self, key: &(u64, u64)) -> bool {
+        !self.messages.contains_key(key) && !self.read_by_core.remove(key)
+    }
+
+    /// Keeps what the worker read, unless the core read it meanwhile.
+    fn offer(&mut self, key: (u64, u64), msg: Arc<Message>) {
+        if !self.read_by_core.remove(&key) {
+            self.insert(key, msg);
+        }
     }
 
     fn remove(&mut self, key: &(u64, u64)) -> Option<Arc<Message>> {
@@ -131,22 +162,14 @@ impl JournalLoader {
                     };
                     worked = true;
                     for (lsn, seq) in batch {
-                        if decoded
-                            .lock()
-                            .expect("prefetch map")
-                            .messages
-                            .contains_key(&(lsn, seq))
-                        {
+                        if !decoded.lock().expect("prefetch map").wanted(&(lsn, seq)) {
                             continue;
                         }
                         // A failure here is not reported: `load` reads again and reports it.
                         let Ok(msg) = read_message(&mut reader, &dir, lsn, seq) else {
                             break;
                         };
-                        decoded
-                            .lock()
-                            .expect("prefetch map")
-                            .insert((lsn, seq), msg);
+                        decoded.lock().expect("prefetch map").offer((lsn, seq), msg);
                     }
                 }
             });
@@ -176,13 +199,12 @@ fn read_message(
 
 impl MessageLoader for JournalLoader {
     fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {
-        if let Some(msg) = self
-            .decoded
-            .lock()
-            .expect("prefetch map")
-            .remove(&(lsn, seq))
         {
-            return Ok(msg);
+            let mut decoded = self.decoded.lock().expect("prefetch map");
+            if let Some(msg) = decoded.remove(&(lsn, seq)) {
+                return Ok(msg);
+            }
+            decoded.note_read_by_core((lsn, seq));
         }
         read_message(&mut self.reader, &self.dir, lsn, seq)
     }
@@ -239,6 +261,32 @@ mod tests {
             assert!(p.remove(&(seq, seq)).is_some(), "seq {seq} was dropped");
         }
         assert_eq!(p.bytes, 0);
+    }
+
+    /// A message the core read itself is not kept when the worker reads it too, before or
+    /// after: the worker skips it, or drops its copy; and the record of such reads is bounded.
+    #[test]
+    fn what_the_core_read_itself_is_not_kept_again() {
+        let mut p = Prefetched::default();
+        p.note_read_by_core((1, 1));
+        assert!(
+            !p.wanted(&(1, 1)),
+            "read by the core before the worker reached it"
+        );
+        assert!(p.wanted(&(2, 2)));
+        p.note_read_by_core((2, 2));
+        p.offer((2, 2), msg(2, 10));
+        assert!(
+            p.remove(&(2, 2)).is_none(),
+            "read by the core while the worker read it"
+        );
+        p.offer((3, 3), msg(3, 10));
+        assert!(p.remove(&(3, 3)).is_some());
+        for seq in 10..(3 * PREFETCHED_MESSAGES_MAX as u64) {
+            p.note_read_by_core((seq, seq));
+        }
+        assert!(p.read_by_core.len() <= PREFETCHED_MESSAGES_MAX);
+        assert!(p.read_by_core_order.len() <= PREFETCHED_MESSAGES_MAX);
     }
 
     /// Taken messages leave no trace: the order list stays bounded even if none is ever
