@@ -29,6 +29,7 @@ mod message;
 mod origins;
 mod producers;
 mod queue;
+pub mod read_ahead;
 pub mod record;
 pub mod selector;
 mod types;

@@ -15,15 +15,13 @@ use crate::db::{self, Conn};
 use crate::error::PgError;
 use crate::runtime::PgRuntime;
 use crate::settings::Settings;
+use haven_engine::read_ahead::ReadAhead;
 use haven_engine::{Message, MessageLoader, Record};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// Decoded messages waiting for `load`, at most (as the journal's loader): beyond it the
-/// reader drops what was never asked for.
-const PREFETCHED_MESSAGES_MAX: usize = 16_384;
 /// Records one prefetch query reads at most; a longer hint is read in several. (The hint was
 /// once cut to this length, and a page-in of up to 4,000 messages then read the other ~3,000
 /// with one blocking query each, which the core waited on: RECEIPTs stalled for 4.5-6 s
@@ -37,7 +35,8 @@ const HINTS_QUEUED_MAX: usize = 1_024;
 
 type Hint = Vec<(u64, u64)>;
 
-type Decoded = Arc<Mutex<HashMap<(u64, u64), Arc<Message>>>>;
+/// What the reader decoded ahead: bounded in messages and bytes, as the journal's loader's.
+type Decoded = Arc<Mutex<ReadAhead>>;
 type Reply = std::sync::mpsc::Sender<Result<Arc<Message>, String>>;
 
 /// A `load` the map did not answer: (lsn, seq) and where the message goes.
@@ -166,7 +165,7 @@ async fn read_ahead(
     let mut wanted: VecDeque<(u64, u64)> = VecDeque::new();
     let add = |wanted: &mut VecDeque<(u64, u64)>, hint: Hint| {
         let map = decoded.lock().expect("prefetch map");
-        wanted.extend(hint.into_iter().filter(|k| !map.contains_key(k)));
+        wanted.extend(hint.into_iter().filter(|k| !map.contains(k)));
     };
     add(&mut wanted, hint);
     loop {
@@ -195,10 +194,7 @@ async fn read_ahead(
                 else {
                     continue;
                 };
-                if map.len() >= PREFETCHED_MESSAGES_MAX {
-                    map.clear();
-                }
-                map.insert((lsn, seq), msg);
+                map.offer((lsn, seq), msg);
             }
         }
         while let Ok(req) = requests.try_recv() {
