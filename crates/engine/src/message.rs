@@ -88,22 +88,34 @@ const HEADER_OVERHEAD_BYTES: usize = 8;
 const MESSAGE_OVERHEAD_BYTES: usize = 768;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_path(path: &str) -> Message {
+impl Message {
+    /// A persistent message `seq` on `/queue/q`, for unit tests.
+    pub(crate) fn for_test(seq: u64, headers: Headers, body: Bytes) -> Message {
         Message {
-            seq: 1,
-            id: "ID:haven-1".into(),
+            seq,
+            id: format!("ID:haven-1-{seq}"),
             destination: Destination::Queue("q".into()),
-            headers: Headers::from_pairs(&[(NET_PATH_HEADER, path)]),
-            body: Bytes::new(),
+            headers,
+            body,
             persistent: true,
             priority: 4,
             expires_ms: 0,
             timestamp_ms: 0,
             dead_lettered: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_path(path: &str) -> Message {
+        Message::for_test(
+            1,
+            Headers::from_pairs(&[(NET_PATH_HEADER, path)]),
+            Bytes::new(),
+        )
     }
 
     #[test]

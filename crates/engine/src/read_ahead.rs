@@ -116,21 +116,11 @@ impl ReadAhead {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Destination, Headers};
+    use crate::Headers;
 
     fn msg(seq: u64, body_bytes: usize) -> Arc<Message> {
-        Arc::new(Message {
-            seq,
-            id: format!("ID:haven-1-{seq}"),
-            destination: Destination::Queue("q".into()),
-            headers: Headers::default(),
-            body: bytes::Bytes::from(vec![0u8; body_bytes]),
-            persistent: true,
-            priority: 4,
-            expires_ms: 0,
-            timestamp_ms: 0,
-            dead_lettered: false,
-        })
+        let body = bytes::Bytes::from(vec![0u8; body_bytes]);
+        Arc::new(Message::for_test(seq, Headers::default(), body))
     }
 
     /// Large messages fill the byte bound: the oldest go, the newest stay, the sum holds.
