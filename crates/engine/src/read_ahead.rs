@@ -16,6 +16,12 @@ pub const READ_AHEAD_MESSAGES_MAX: usize = 16_384;
 /// 64 KiB messages could hold a gigabyte here; at 64 MiB, scenario (f) of BENCHMARKS.md
 /// peaked 50–80 MiB higher at the same rate.
 pub const READ_AHEAD_BYTES_MAX: usize = 8 << 20;
+/// Hints a loader queues for its reader at most; beyond it a new one is dropped, and its
+/// messages are read on the spot when loaded. The engine sends one per page-in and one per
+/// sync batch that pages messages out, each within the next page-in's window, so the queue
+/// stays short (one hint at most, as the journal's loader once kept, dropped most of the
+/// second kind).
+pub const HINTS_QUEUED_MAX: usize = 1_024;
 
 /// Messages read ahead, by (lsn, seq), each with its `size_bytes` (summed on the worker that
 /// decoded it, not again on the core that takes it), and the sum of those.

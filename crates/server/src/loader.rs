@@ -5,17 +5,12 @@
 //! it ahead with its own journal reader; `load` then finds most messages decoded already, and
 //! reads the rest itself.
 
-use haven_engine::read_ahead::ReadAhead;
+use haven_engine::read_ahead::{ReadAhead, HINTS_QUEUED_MAX};
 use haven_engine::{Message, MessageLoader, Record};
 use haven_journal::Reader;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-
-/// Hints waiting for the worker at most. The engine sends one per page-in and one per sync
-/// batch that pages messages out, each within the next page-in's window, so the queue stays
-/// short; one hint at most (as this once was) dropped most of the second kind.
-const HINTS_QUEUED_MAX: usize = 1_024;
 
 /// How long the read-ahead thread waits for a hint before it counts as idle: then it drops
 /// what it decoded and nobody took, and gives its freed memory back (`idle`).

@@ -15,7 +15,7 @@ use crate::db::{self, Conn};
 use crate::error::PgError;
 use crate::runtime::PgRuntime;
 use crate::settings::Settings;
-use haven_engine::read_ahead::ReadAhead;
+use haven_engine::read_ahead::{ReadAhead, HINTS_QUEUED_MAX};
 use haven_engine::{Message, MessageLoader, Record};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -27,11 +27,6 @@ use tokio::sync::mpsc;
 /// with one blocking query each, which the core waited on: RECEIPTs stalled for 4.5-6 s
 /// on a paging shared-db master, docs/POSTGRES.md.)
 const PREFETCH_RECORDS_MAX: usize = 1_024;
-/// Hints queued for the reader task at most; beyond it a new one is dropped, and its
-/// messages are read one query each when loaded. The engine sends one per page-in and one per
-/// sync batch that pages messages out, each within the next page-in's window, so the queue
-/// stays short.
-const HINTS_QUEUED_MAX: usize = 1_024;
 
 type Hint = Vec<(u64, u64)>;
 
