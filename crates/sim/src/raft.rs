@@ -16,7 +16,11 @@
 //! [`CHECK_EVERY_MS`] of simulated time:
 //! - **one leader per term**: no two members are ever leader of the same term;
 //! - **committed entries are never lost**: every write a leader acknowledged to the client is,
-//!   at the same index and term, in the log (or the snapshot) of every later leader;
+//!   at the same index and term, in the log (or the snapshot) of every leader of the term in
+//!   which it was committed or a later one. The entry's own term is not that term: a leader
+//!   restarted from its disk leads its old term again (openraft restores a committed vote for
+//!   itself as leadership) and can commit that term's entries only after winning a later term,
+//!   so a leader of a term between the two may rightly lack them;
 //! - **state machine safety**: members that applied the same index applied the same entry.
 //!
 //! After the fault phase every link heals and every member restarts; the group must elect a
@@ -501,14 +505,23 @@ async fn crash(world: &Arc<World>, disks: &[Arc<Mutex<Disk>>], id: u64, lossy: b
     }
 }
 
+/// A write a leader acknowledged to its client.
+struct Acked {
+    value: u64,
+    log_id: LogId,
+    /// The acknowledging leader's term when it answered: no earlier than the term in which the
+    /// entry was committed, so every leader of this term or a later one holds the entry.
+    committed_by_term: u64,
+}
+
 /// Records leaders per term and checks the invariants against every member's state,
 /// incrementally: what was verified once stays verified (a leader never drops an entry of its
 /// own log while it leads, and an applied write never changes).
 #[derive(Default)]
 struct Checker {
     leader_of_term: BTreeMap<u64, u64>,
-    /// `(value, log id)` of every write a leader acknowledged.
-    acked: Vec<(u64, LogId)>,
+    /// Every write a leader acknowledged.
+    acked: Vec<Acked>,
     /// Per `(leader, term)`: how many of `acked` were found in its log.
     verified: BTreeMap<(u64, u64), usize>,
     /// The write applied at each index, as first seen applied anywhere.
@@ -545,8 +558,13 @@ impl Checker {
                 _ => BTreeMap::new(),
             };
             let from = self.verified.get(&(id, term)).copied().unwrap_or(0);
-            for (v, log_id) in &self.acked[from..] {
-                if log_id.leader_id.term > term {
+            for Acked {
+                value: v,
+                log_id,
+                committed_by_term,
+            } in &self.acked[from..]
+            {
+                if *committed_by_term > term {
                     continue;
                 }
                 let held = if purged.is_some_and(|p| log_id.index <= p) {
@@ -656,7 +674,12 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
                     if let Ok(Ok(resp)) =
                         tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await
                     {
-                        checker.lock().unwrap().acked.push((v, resp.log_id));
+                        let committed_by_term = leader.metrics().borrow().current_term;
+                        checker.lock().unwrap().acked.push(Acked {
+                            value: v,
+                            log_id: resp.log_id,
+                            committed_by_term,
+                        });
                     }
                 }
             })
@@ -768,7 +791,11 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
         ));
     }
     // Every acknowledged write applied exactly once, in order, on every member.
-    let acked: Vec<(u64, u64)> = checker.acked.iter().map(|(v, l)| (l.index, *v)).collect();
+    let acked: Vec<(u64, u64)> = checker
+        .acked
+        .iter()
+        .map(|a| (a.log_id.index, a.value))
+        .collect();
     for (id, d) in disks.iter().enumerate() {
         let writes = d.lock().unwrap().sm.writes.clone();
         let set: BTreeMap<u64, u64> = writes.iter().copied().collect();
