@@ -4,24 +4,29 @@
 //! **Writes.** `append` numbers a record and buffers it; `flush` hands the buffer to the
 //! writer task (on the store's thread), which writes everything handed to it since its last
 //! write in one statement, while the next batch accumulates (group commit). The statement is
-//! fenced — it takes a share lock on the lease row and inserts only if the epoch is still this
-//! master's:
+//! fenced — it takes a key-share lock on the lease row and inserts only if the epoch is still
+//! this master's:
 //!
 //! ```sql
-//! WITH fence AS (SELECT epoch FROM haven_lease WHERE id = 1 AND epoch = $1 FOR SHARE),
+//! WITH fence AS (SELECT epoch FROM haven_lease WHERE id = 1 AND epoch = $1 FOR KEY SHARE),
 //!      ins AS (INSERT INTO haven_log SELECT ... FROM unnest($2::bigint[], $3::bytea[])
 //!              WHERE EXISTS (SELECT 1 FROM fence) RETURNING 1)
 //! SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)
 //! ```
 //!
-//! `FOR SHARE` (not `FOR KEY SHARE`) conflicts with the `UPDATE` that takes the lease over,
-//! so the two serialise: either this write commits first (and the new master, which recovers
-//! only after its takeover committed, replays it), or the takeover commits first (and the
-//! lock, re-checked on the new row version, finds another epoch: nothing is inserted). One
-//! statement is its own transaction, so a paused broker cannot hold the lock between
-//! statements. The durable LSN is published on the watch after the statement (its commit)
-//! returns. Any failure — an SQL error, a fencing refusal, a lost connection, a write that
-//! outlasts `db_timeout_ms` — is sticky: the watch carries `Err` and nothing more is written.
+//! `FOR KEY SHARE` conflicts with the `UPDATE` that takes the lease over, because that update
+//! changes `epoch`, a key column (it has a unique index of its own, checked at start by
+//! `schema.rs`). So the two serialise: either this write commits first (and the new master,
+//! which recovers only after its takeover committed, replays it), or the takeover commits
+//! first (and the lock, re-checked on the new row version, finds another epoch: nothing is
+//! inserted). One statement is its own transaction, so a paused broker cannot hold the lock
+//! between statements. A renewal changes no key column, so it does not wait for the writes in
+//! flight. Under the `FOR SHARE` this used before, it did: a renewal waited 334 ms behind one
+//! statement, and a statement longer than the lease would have made the master give up a
+//! lease nobody else could take. The durable LSN is published on the watch after the
+//! statement (its commit) returns. Any failure — an SQL error, a fencing refusal, a lost
+//! connection, a write that outlasts `db_timeout_ms` — is sticky: the watch carries `Err` and
+//! nothing more is written.
 //!
 //! **Recovery** reads the table in LSN order by keyset pagination (never the whole table in
 //! memory), checking that LSNs are contiguous from the first row on and that epochs never go
@@ -77,7 +82,7 @@ const RECOVER_SQL: &str =
     "SELECT lsn, epoch, payload FROM haven_log WHERE lsn > $1 ORDER BY lsn LIMIT $2";
 
 const INSERT_SQL: &str = "
-WITH fence AS (SELECT epoch FROM haven_lease WHERE id = 1 AND epoch = $1::bigint FOR SHARE),
+WITH fence AS (SELECT epoch FROM haven_lease WHERE id = 1 AND epoch = $1::bigint FOR KEY SHARE),
      ins AS (INSERT INTO haven_log (lsn, epoch, payload)
              SELECT r.lsn, $1::bigint, r.payload
                FROM unnest($2::bigint[], $3::bytea[]) AS r(lsn, payload)
@@ -90,7 +95,7 @@ const DELETE_ROWS_MAX: i64 = SEGMENT_RECORDS as i64;
 
 /// The oldest `$3` records below `$2`.
 const DELETE_SQL: &str = "
-WITH fence AS (SELECT epoch FROM haven_lease WHERE id = 1 AND epoch = $1::bigint FOR SHARE),
+WITH fence AS (SELECT epoch FROM haven_lease WHERE id = 1 AND epoch = $1::bigint FOR KEY SHARE),
      del AS (DELETE FROM haven_log
               WHERE lsn IN (SELECT lsn FROM haven_log WHERE lsn < $2::bigint
                             ORDER BY lsn LIMIT $3::bigint)

@@ -4,6 +4,13 @@
 //!   announced to clients as `haven-store`, the same for every master of this store).
 //! - `haven_lease`: one row (`id = 1`): the fencing `epoch`, who holds it, until when (by the
 //!   database's clock), and whether the holder's session holds the store's advisory lock.
+//!   `epoch` has a unique index (`haven_lease_epoch_key`) of its own. It is what the fence
+//!   rests on: it makes `epoch` a key column, so a takeover (which changes it) conflicts with
+//!   the `FOR KEY SHARE` lock every write takes on the row, while a renewal (which changes no
+//!   key column) does not, and a master's renewal never waits for its own writes (`log.rs`).
+//!   The index came after schema version 1 without a version bump: every start creates it if
+//!   it is missing, and a broker built before it fences with `FOR SHARE`, which conflicts with
+//!   every update and needs no index, so the two may share a store.
 //! - `haven_log(lsn, epoch, payload)`: the broker's log; each record carries the epoch of the
 //!   master that wrote it.
 //!
@@ -33,6 +40,7 @@ CREATE TABLE IF NOT EXISTS haven_lease (
     renewed_at      TIMESTAMPTZ,
     holder_has_lock BOOLEAN NOT NULL
 );
+CREATE UNIQUE INDEX IF NOT EXISTS haven_lease_epoch_key ON haven_lease (epoch);
 CREATE TABLE IF NOT EXISTS haven_log (
     lsn     BIGINT PRIMARY KEY CHECK (lsn > 0),
     epoch   BIGINT NOT NULL CHECK (epoch > 0),
@@ -43,6 +51,17 @@ INSERT INTO haven_meta (key, value)
                                             || pg_backend_pid()::text), 1, 16))
     ON CONFLICT (key) DO NOTHING;
 ";
+
+/// Whether `epoch` is a key column of `haven_lease` for row locking: PostgreSQL counts the
+/// columns of unique indexes that are immediate, valid, and neither partial nor on
+/// expressions (the indexes a foreign key could use).
+const EPOCH_IS_A_KEY_SQL: &str = "
+SELECT EXISTS (
+  SELECT 1 FROM pg_index i
+   WHERE i.indrelid = 'haven_lease'::regclass AND i.indisunique AND i.indimmediate
+     AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnatts = 1
+     AND i.indkey[0] = (SELECT attnum FROM pg_attribute
+                         WHERE attrelid = 'haven_lease'::regclass AND attname = 'epoch'))";
 
 /// Creates or checks the schema; returns the store id.
 pub(crate) async fn prepare(client: &mut Client) -> Result<String, PgError> {
@@ -80,6 +99,16 @@ pub(crate) async fn prepare(client: &mut Client) -> Result<String, PgError> {
         }
     }
     tx.batch_execute(CREATE_SQL).await?;
+    // `IF NOT EXISTS` goes by the name: an index of that name that is not a plain unique
+    // index on `epoch` alone would leave the takeover free to pass a write's fence.
+    let fenced: bool = tx.query_one(EPOCH_IS_A_KEY_SQL, &[]).await?.get(0);
+    if !fenced {
+        return Err(PgError::Schema(
+            "haven_lease has no plain unique index on epoch alone (haven_lease_epoch_key \
+             exists but is another index); writes cannot be fenced without it"
+                .into(),
+        ));
+    }
     let lease_row = tx
         .query_opt("SELECT epoch FROM haven_lease WHERE id = 1", &[])
         .await?;

@@ -128,6 +128,80 @@ async fn a_renewed_lease_is_not_taken_and_a_released_one_is() {
     assert!(mb.lost.borrow().is_none());
 }
 
+/// A master's renewal does not wait for its own writes: a write held inside its statement for
+/// twice the lease leaves the lease renewed and the master serving. (Under a `FOR SHARE`
+/// fence the renewal waited for the write, and the master gave its lease up after 1.4 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_flight_does_not_hold_up_the_renewal() {
+    let Some(pg) = cluster() else { return };
+    let a = store(
+        &haven_server::HaConfig {
+            db_timeout_ms: 20_000,
+            ..short(&pg.url())
+        },
+        "a",
+    );
+    let mut ma = acquire(&a).await;
+    let (mut log_a, _) = open(&mut ma);
+    slow_first_insert(&pg, 4);
+    for i in 1..=10 {
+        log_a.append(&payload(i, 100));
+    }
+    log_a.flush();
+    write_in_flight(&pg).await;
+    let renewed = || {
+        pg.psql("SELECT renewed_at::text FROM haven_lease")
+            .expect("psql")
+    };
+    let before = renewed();
+    tokio::time::timeout(DEADLINE, async {
+        while renewed() == before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the lease is renewed while the write is in flight");
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            .expect("psql"),
+        "1",
+        "the write was still in flight when the lease was renewed"
+    );
+    durable(&*log_a, 10).await;
+    assert!(
+        ma.lost.borrow().is_none(),
+        "the master gave up its lease: {:?}",
+        ma.lost.borrow()
+    );
+}
+
+/// Makes the insert of record 1 sleep `seconds` inside its statement, after its fence took
+/// the lock on the lease row.
+fn slow_first_insert(pg: &haven_testkit::PgCluster, seconds: u32) {
+    pg.psql(&format!(
+        "CREATE FUNCTION haven_test_slow() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN IF NEW.lsn = 1 THEN PERFORM pg_sleep({seconds}); END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER haven_test_slow BEFORE INSERT ON haven_log \
+         FOR EACH ROW EXECUTE FUNCTION haven_test_slow()"
+    ))
+    .expect("psql");
+}
+
+/// Waits until a write sleeps inside its statement (`slow_first_insert`).
+async fn write_in_flight(pg: &haven_testkit::PgCluster) {
+    tokio::time::timeout(DEADLINE, async {
+        while pg
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            .expect("psql")
+            != "1"
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("A's write is in flight");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_waits_for_the_write_in_flight_and_replays_it() {
     let Some(pg) = cluster() else { return };
@@ -141,29 +215,13 @@ async fn a_takeover_waits_for_the_write_in_flight_and_replays_it() {
     let b = store(&short(&pg.url()), "b");
     let mut ma = acquire(&a).await;
     let (mut log_a, _) = open(&mut ma);
-    // Makes A's first write take 2 s inside its statement, after its fence took the lock.
-    pg.psql(
-        "CREATE FUNCTION haven_test_slow() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN IF NEW.lsn = 1 THEN PERFORM pg_sleep(2); END IF; RETURN NEW; END $$; \
-         CREATE TRIGGER haven_test_slow BEFORE INSERT ON haven_log \
-         FOR EACH ROW EXECUTE FUNCTION haven_test_slow()",
-    )
-    .expect("psql");
+    // A's first write takes 2 s inside its statement, after its fence took the lock.
+    slow_first_insert(&pg, 2);
     for i in 1..=10 {
         log_a.append(&payload(i, 100));
     }
     log_a.flush();
-    tokio::time::timeout(DEADLINE, async {
-        while pg
-            .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
-            .expect("psql")
-            != "1"
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("A's write is in flight");
+    write_in_flight(&pg).await;
     // While it is: the lease expires (by hand: A is "paused") and B competes.
     let mut expire = pg
         .psql_spawn("UPDATE haven_lease SET expires_at = now()")

@@ -319,6 +319,36 @@ async fn a_schema_newer_than_the_broker_is_refused() {
     assert!(err.to_string().contains("schema version is 99"), "{err}");
 }
 
+/// Writes are fenced by a key-share lock that a takeover must wait for only because `epoch`
+/// has a unique index: without one (here an index of the same name that is not unique), the
+/// broker refuses the store rather than write unfenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_table_without_its_epoch_key_is_refused() {
+    let Some(pg) = cluster() else { return };
+    let store = store(&short(&pg.url()), "a");
+    drop(acquire(&store).await);
+    pg.psql(
+        "DROP INDEX haven_lease_epoch_key; \
+         CREATE INDEX haven_lease_epoch_key ON haven_lease (epoch)",
+    )
+    .expect("psql");
+    let err = tokio::time::timeout(DEADLINE, store.acquire())
+        .await
+        .expect("refused at once, not retried")
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("unique index on epoch"), "{err}");
+    // Dropped altogether, it is created again at the next start.
+    pg.psql("DROP INDEX haven_lease_epoch_key").expect("psql");
+    drop(acquire(&store).await);
+    let unique = pg
+        .psql(
+            "SELECT indisunique FROM pg_index WHERE indexrelid = 'haven_lease_epoch_key'::regclass",
+        )
+        .expect("psql");
+    assert_eq!(unique, "t");
+}
+
 #[test]
 fn a_bad_url_is_refused_before_connecting() {
     let ha = short("postgres://a:b@[::1:5432/x?sslmode=nonsense");
