@@ -63,6 +63,13 @@ pub trait MessageLoader: Send {
     /// every hint, not just the newest. A hint only; the default ignores it.
     fn prefetch(&mut self, _next: &[(u64, u64)]) {}
 
+    /// Whether the loader dropped messages it was hinted and had not yet been asked for, since
+    /// this was last called (a loader that frees its read-ahead when nobody loads for a
+    /// while). The engine then names its windows again, as hints name each message only once.
+    fn forgot(&mut self) -> bool {
+        false
+    }
+
     /// Messages read ahead and waiting for `load` now (0 for a loader that does not read
     /// ahead): lets a test see that a whole hint was read.
     fn prefetched_len(&self) -> usize {
@@ -323,6 +330,13 @@ impl Engine {
         }
         let budget = self.queue_memory_bytes_max(q);
         let window_bytes = budget.min(PAGE_IN_WINDOW_BYTES_MAX);
+        if self.loader.as_mut().is_some_and(|l| l.forgot()) {
+            // Without this, what was named before would be read here one blocking read each.
+            let queues: Vec<QueueId> = self.paging_queues.iter().copied().collect();
+            for other in queues {
+                self.queue_mut(other).hinted_through = None;
+            }
+        }
         let queue = self.queue(q);
         if let Some((front, _)) = queue.cold.first() {
             if queue.hinted_through.is_none_or(|t| t < front) {

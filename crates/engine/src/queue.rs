@@ -121,8 +121,9 @@ pub(crate) struct Queue {
     /// Arrived while paging, by seq; merged with `cold` in seq order when paged in.
     pub tail: BTreeMap<u64, TailEntry>,
     /// The highest seq of `cold` named to the loader in a read-ahead hint: every paged-out
-    /// message up to it was (see `Engine::hint_window`). None when nothing was, or when the
-    /// last consumer left (the loader may drop what nobody took; a new one is hinted anew).
+    /// message up to it was (see `Engine::hint_window`). None when nothing was, when the
+    /// last consumer left (the loader may drop what nobody took; a new one is hinted anew), or
+    /// when the loader said it dropped its read-ahead (`MessageLoader::forgot`).
     pub hinted_through: Option<u64>,
     /// `size_bytes` of the messages in `ready`.
     ready_bytes: u64,

@@ -234,6 +234,33 @@ fn a_consumer_arriving_at_a_paged_backlog_is_read_ahead_from_the_start() {
     assert_every_load_was_hinted(&hints.lock().unwrap(), 4_000);
 }
 
+/// A loader that drops its read-ahead (the journal's does after a second without a hint, as
+/// when consumers pause) is told the window again, so the next page-in does not read what it
+/// had been named one message at a time.
+#[test]
+fn a_loader_that_forgot_its_read_ahead_is_named_the_window_again() {
+    let (mut h, hints) = Harness::with_paging_hints(EngineConfig {
+        memory_bytes_max: 100_000,
+        ..EngineConfig::default()
+    });
+    h.connect(1, None);
+    let bodies: Vec<String> = (0..6_000).map(|i| format!("m{i:05}")).collect();
+    for body in &bodies {
+        h.send(1, "/queue/paused", body, true);
+    }
+    h.connect(2, None);
+    let mut pending =
+        deliveries(&h.subscribe(2, "a", "/queue/paused", AckMode::ClientIndividual, 1));
+    let mut got = Vec::new();
+    consume(&mut h, 2, &mut pending, &mut got, Some(2_000));
+    // The consumer pauses; the loader drops what it read ahead.
+    hints.lock().unwrap().forget = true;
+    consume(&mut h, 2, &mut pending, &mut got, None);
+    assert_eq!(got, bodies);
+    assert!(!hints.lock().unwrap().forget, "the engine asked");
+    assert_every_load_was_hinted(&hints.lock().unwrap(), 3_000);
+}
+
 /// More than `loads_min` paged-out messages were read back, each named in a hint first.
 fn assert_every_load_was_hinted(hints: &Hints, loads_min: usize) {
     assert!(

@@ -20,6 +20,9 @@ pub struct Hints {
     pub named_again: usize,
     pub loads: usize,
     pub unhinted_loads: Vec<(u64, u64)>,
+    /// Set by a test: the loader drops its read-ahead (what was named is named no more) and
+    /// says so at the engine's next `forgot`.
+    pub forget: bool,
 }
 
 struct DiskLoader(Disk, Option<Arc<Mutex<Hints>>>);
@@ -34,6 +37,16 @@ impl MessageLoader for DiskLoader {
                 }
             }
         }
+    }
+
+    fn forgot(&mut self) -> bool {
+        let Some(hints) = &self.1 else { return false };
+        let mut hints = hints.lock().unwrap();
+        if std::mem::take(&mut hints.forget) {
+            hints.named.clear();
+            return true;
+        }
+        false
     }
 
     fn load(&mut self, lsn: u64, seq: u64) -> Result<Arc<Message>, String> {

@@ -9,6 +9,7 @@ use haven_engine::read_ahead::{ReadAhead, HINTS_QUEUED_MAX};
 use haven_engine::{Message, MessageLoader, Record};
 use haven_journal::Reader;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +26,8 @@ pub struct JournalLoader {
     reader: Option<Reader>,
     decoded: Decoded,
     hints: Option<SyncSender<Vec<(u64, u64)>>>,
+    /// Set by the read-ahead thread when it drops what nobody took (`MessageLoader::forgot`).
+    forgotten: Arc<AtomicBool>,
 }
 
 impl JournalLoader {
@@ -34,6 +37,7 @@ impl JournalLoader {
             reader: None,
             decoded: Arc::default(),
             hints: None,
+            forgotten: Arc::default(),
         }
     }
 
@@ -43,6 +47,7 @@ impl JournalLoader {
         let (tx, rx) = mpsc::sync_channel::<Vec<(u64, u64)>>(HINTS_QUEUED_MAX);
         let dir = self.dir.clone();
         let decoded = self.decoded.clone();
+        let forgotten = self.forgotten.clone();
         let spawned = std::thread::Builder::new()
             .name("haven-prefetch".into())
             .spawn(move || {
@@ -56,8 +61,10 @@ impl JournalLoader {
                         Ok(batch) => batch,
                         Err(mpsc::RecvTimeoutError::Timeout) => {
                             if std::mem::take(&mut worked) {
-                                // What nobody took for that long is read again if asked.
+                                // What nobody took for that long is read again if asked,
+                                // and the engine names it again (`forgot`).
                                 decoded.lock().expect("prefetch map").clear();
+                                forgotten.store(true, Ordering::Release);
                                 crate::idle::idle();
                             }
                             continue;
@@ -124,5 +131,31 @@ impl MessageLoader for JournalLoader {
             Ok(()) | Err(TrySendError::Full(_)) => {}
             Err(TrySendError::Disconnected(_)) => self.hints = None,
         }
+    }
+
+    fn forgot(&mut self) -> bool {
+        self.forgotten.swap(false, Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read-ahead thread dropping what nobody took is reported once, so the engine names
+    /// its windows again.
+    #[test]
+    fn an_idle_read_ahead_reports_that_it_forgot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut loader = JournalLoader::new(dir.path().to_path_buf());
+        assert!(!loader.forgot(), "nothing was read ahead yet");
+        // No journal here: the read fails, and the thread goes idle after its hint.
+        loader.prefetch(&[(1, 1)]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !loader.forgot() {
+            assert!(std::time::Instant::now() < deadline, "never went idle");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!loader.forgot(), "reported once");
     }
 }
