@@ -4,6 +4,7 @@
 mod support;
 
 use haven_engine::*;
+use std::sync::{Arc, Mutex};
 use support::*;
 
 /// Budget for waiting messages: a handful of the small test messages.
@@ -210,28 +211,15 @@ fn every_paged_in_message_was_hinted_once_before_it_was_loaded() {
 /// store's first page-in is thousands of blocking queries.
 #[test]
 fn a_consumer_arriving_at_a_paged_backlog_is_read_ahead_from_the_start() {
-    let (mut h, hints) = Harness::with_paging_hints(EngineConfig {
-        memory_bytes_max: 100_000,
-        ..EngineConfig::default()
-    });
-    h.connect(1, None);
-    let bodies: Vec<String> = (0..6_000).map(|i| format!("m{i:05}")).collect();
-    for body in &bodies {
-        h.send(1, "/queue/filled", body, true);
-    }
-    h.connect(2, None);
-    let mut pending =
-        deliveries(&h.subscribe(2, "a", "/queue/filled", AckMode::ClientIndividual, 1));
-    let mut got = Vec::new();
-    consume(&mut h, 2, &mut pending, &mut got, Some(2_000));
+    let mut b = PartlyRead::new("/queue/filled");
     // The consumer leaves; its unacknowledged message goes back. Another comes later.
-    h.close(2);
-    h.connect(3, None);
+    b.h.close(2);
+    b.h.connect(3, None);
     let mut pending =
-        deliveries(&h.subscribe(3, "b", "/queue/filled", AckMode::ClientIndividual, 1));
-    consume(&mut h, 3, &mut pending, &mut got, None);
-    assert_eq!(got, bodies);
-    assert_every_load_was_hinted(&hints.lock().unwrap(), 4_000);
+        deliveries(&b.h.subscribe(3, "b", "/queue/filled", AckMode::ClientIndividual, 1));
+    consume(&mut b.h, 3, &mut pending, &mut b.got, None);
+    assert_eq!(b.got, b.bodies);
+    assert_every_load_was_hinted(&b.hints.lock().unwrap(), 4_000);
 }
 
 /// A loader that drops its read-ahead (the journal's does after a second without a hint, as
@@ -239,26 +227,48 @@ fn a_consumer_arriving_at_a_paged_backlog_is_read_ahead_from_the_start() {
 /// had been named one message at a time.
 #[test]
 fn a_loader_that_forgot_its_read_ahead_is_named_the_window_again() {
-    let (mut h, hints) = Harness::with_paging_hints(EngineConfig {
-        memory_bytes_max: 100_000,
-        ..EngineConfig::default()
-    });
-    h.connect(1, None);
-    let bodies: Vec<String> = (0..6_000).map(|i| format!("m{i:05}")).collect();
-    for body in &bodies {
-        h.send(1, "/queue/paused", body, true);
-    }
-    h.connect(2, None);
-    let mut pending =
-        deliveries(&h.subscribe(2, "a", "/queue/paused", AckMode::ClientIndividual, 1));
-    let mut got = Vec::new();
-    consume(&mut h, 2, &mut pending, &mut got, Some(2_000));
+    let mut b = PartlyRead::new("/queue/paused");
     // The consumer pauses; the loader drops what it read ahead.
-    hints.lock().unwrap().forget = true;
-    consume(&mut h, 2, &mut pending, &mut got, None);
-    assert_eq!(got, bodies);
-    assert!(!hints.lock().unwrap().forget, "the engine asked");
-    assert_every_load_was_hinted(&hints.lock().unwrap(), 3_000);
+    b.hints.lock().unwrap().forget = true;
+    consume(&mut b.h, 2, &mut b.pending, &mut b.got, None);
+    assert_eq!(b.got, b.bodies);
+    assert!(!b.hints.lock().unwrap().forget, "the engine asked");
+    assert_every_load_was_hinted(&b.hints.lock().unwrap(), 3_000);
+}
+
+/// A backlog of 6,000 paged messages filled with no consumer, then 2,000 of them read by
+/// connection 2 (one unacknowledged at a time, its next delivery in `pending`).
+struct PartlyRead {
+    h: Harness,
+    hints: Arc<Mutex<Hints>>,
+    bodies: Vec<String>,
+    pending: Vec<(ConnId, Delivery)>,
+    got: Vec<String>,
+}
+
+impl PartlyRead {
+    fn new(queue: &str) -> PartlyRead {
+        let (mut h, hints) = Harness::with_paging_hints(EngineConfig {
+            memory_bytes_max: 100_000,
+            ..EngineConfig::default()
+        });
+        h.connect(1, None);
+        let bodies: Vec<String> = (0..6_000).map(|i| format!("m{i:05}")).collect();
+        for body in &bodies {
+            h.send(1, queue, body, true);
+        }
+        h.connect(2, None);
+        let mut pending = deliveries(&h.subscribe(2, "a", queue, AckMode::ClientIndividual, 1));
+        let mut got = Vec::new();
+        consume(&mut h, 2, &mut pending, &mut got, Some(2_000));
+        PartlyRead {
+            h,
+            hints,
+            bodies,
+            pending,
+            got,
+        }
+    }
 }
 
 /// More than `loads_min` paged-out messages were read back, each named in a hint first.

@@ -311,12 +311,8 @@ async fn a_schema_newer_than_the_broker_is_refused() {
     drop(acquire(&store).await);
     pg.psql("UPDATE haven_meta SET value = '99' WHERE key = 'schema_version'")
         .expect("psql");
-    let err = tokio::time::timeout(DEADLINE, store.acquire())
-        .await
-        .expect("refused at once, not retried")
-        .err()
-        .expect("refused");
-    assert!(err.to_string().contains("schema version is 99"), "{err}");
+    let err = refused(&store).await;
+    assert!(err.contains("schema version is 99"), "{err}");
 }
 
 /// Writes are fenced by a key-share lock that a takeover must wait for only because `epoch`
@@ -332,12 +328,8 @@ async fn a_lease_table_without_its_epoch_key_is_refused() {
          CREATE INDEX haven_lease_epoch_key ON haven_lease (epoch)",
     )
     .expect("psql");
-    let err = tokio::time::timeout(DEADLINE, store.acquire())
-        .await
-        .expect("refused at once, not retried")
-        .err()
-        .expect("refused");
-    assert!(err.to_string().contains("unique index on epoch"), "{err}");
+    let err = refused(&store).await;
+    assert!(err.contains("unique index on epoch"), "{err}");
     // Dropped altogether, it is created again at the next start.
     pg.psql("DROP INDEX haven_lease_epoch_key").expect("psql");
     drop(acquire(&store).await);
@@ -347,6 +339,16 @@ async fn a_lease_table_without_its_epoch_key_is_refused() {
         )
         .expect("psql");
     assert_eq!(unique, "t");
+}
+
+/// The error of an `acquire` that must fail at once, not be retried.
+async fn refused(store: &haven_store_pg::PgSharedStore) -> String {
+    tokio::time::timeout(DEADLINE, store.acquire())
+        .await
+        .expect("refused at once, not retried")
+        .err()
+        .expect("refused")
+        .to_string()
 }
 
 #[test]
