@@ -34,6 +34,9 @@ pub const FRAME_BYTES_MAX: u32 = 64 << 20;
 /// goes in the next append (`PartialSuccess`).
 const APPEND_BYTES_MAX: usize = 4 << 20;
 const CONNECT_TIMEOUT_MS: u64 = 1_000;
+/// A connection keeps its frame buffer between frames up to this size (a snapshot chunk may
+/// grow it beyond; it is then let go).
+const FRAME_BUF_KEPT_BYTES_MAX: usize = 8 << 20;
 
 type Member = crate::types::Member;
 
@@ -53,9 +56,16 @@ pub enum Response {
     Admin(AdminResponse),
 }
 
-pub async fn write_frame<T: Serialize>(w: &mut OwnedWriteHalf, value: &T) -> io::Result<()> {
-    let mut buf = vec![0u8; 4];
-    postcard::to_io(value, &mut buf).map_err(|e| io::Error::other(e.to_string()))?;
+/// Encodes `value` into `buf` (a connection's, reused: see `FrameBuf`) and writes it as one
+/// frame.
+pub async fn write_frame<T: Serialize>(
+    w: &mut OwnedWriteHalf,
+    value: &T,
+    buf: &mut FrameBuf,
+) -> io::Result<()> {
+    let buf = buf.take();
+    buf.extend_from_slice(&[0; 4]);
+    postcard::to_io(value, &mut *buf).map_err(|e| io::Error::other(e.to_string()))?;
     let len = u32::try_from(buf.len() - 4).map_err(|_| io::Error::other("frame over 4 GiB"))?;
     if len > FRAME_BYTES_MAX {
         return Err(io::Error::other(format!(
@@ -63,11 +73,13 @@ pub async fn write_frame<T: Serialize>(w: &mut OwnedWriteHalf, value: &T) -> io:
         )));
     }
     buf[..4].copy_from_slice(&len.to_le_bytes());
-    w.write_all(&buf).await
+    w.write_all(buf).await
 }
 
+/// Reads one frame into `buf` (a connection's, reused) and decodes it.
 pub async fn read_frame<T: for<'de> Deserialize<'de>>(
     r: &mut BufReader<OwnedReadHalf>,
+    buf: &mut FrameBuf,
 ) -> io::Result<T> {
     let len = r.read_u32_le().await?;
     if len > FRAME_BYTES_MAX {
@@ -76,21 +88,48 @@ pub async fn read_frame<T: for<'de> Deserialize<'de>>(
             format!("frame of {len} bytes over {FRAME_BYTES_MAX}"),
         ));
     }
-    let mut buf = vec![0u8; len as usize];
-    r.read_exact(&mut buf).await?;
-    postcard::from_bytes(&buf)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    let buf = buf.take();
+    buf.resize(len as usize, 0);
+    r.read_exact(buf).await?;
+    postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// One connection's buffer for the frames it writes and reads, kept between frames.
+///
+/// An append carries up to `APPEND_BYTES_MAX` of records. Encoded into a new `Vec` each time,
+/// it was grown by doubling (each growth a copy) into fresh pages the kernel had to fault in
+/// and zero: a profile of the leader under scenario (c) put about 8% of its worker's time
+/// there (BENCHMARKS.md, shared-nothing replication). Reused, the buffer settles at the
+/// largest frame, within `FRAME_BUF_KEPT_BYTES_MAX`.
+#[derive(Default)]
+pub struct FrameBuf(Vec<u8>);
+
+impl FrameBuf {
+    /// The buffer, emptied; one that a large frame (a snapshot chunk) grew beyond what is
+    /// kept is let go first.
+    fn take(&mut self) -> &mut Vec<u8> {
+        if self.0.capacity() > FRAME_BUF_KEPT_BYTES_MAX {
+            self.0 = Vec::new();
+        }
+        self.0.clear();
+        &mut self.0
+    }
 }
 
 /// A connection to one address, re-dialled after any failure.
 pub struct Conn {
     addr: String,
     stream: Option<(BufReader<OwnedReadHalf>, OwnedWriteHalf)>,
+    buf: FrameBuf,
 }
 
 impl Conn {
     pub fn new(addr: String) -> Conn {
-        Conn { addr, stream: None }
+        Conn {
+            addr,
+            stream: None,
+            buf: FrameBuf::default(),
+        }
     }
 
     /// Sends `req` and waits for its answer, at most `timeout`. `Err(true)` if the peer could
@@ -124,9 +163,10 @@ impl Conn {
         // is dropped half-way (openraft times its requests out itself) closes the connection,
         // so its late answer can never be read as the answer to the next request.
         let (mut r, mut w) = self.stream.take().expect("connected above");
+        let buf = &mut self.buf;
         let exchange = async {
-            write_frame(&mut w, req).await?;
-            read_frame::<Response>(&mut r).await
+            write_frame(&mut w, req, buf).await?;
+            read_frame::<Response>(&mut r, buf).await
         };
         match tokio::time::timeout(timeout, exchange).await {
             Ok(Ok(resp)) => {
@@ -333,8 +373,9 @@ pub async fn serve(listener: tokio::net::TcpListener, raft: Raft, admin: Arc<cra
 async fn answer(stream: TcpStream, raft: Raft, admin: Arc<crate::admin::Admin>) -> io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::with_capacity(256 << 10, r);
+    let mut buf = FrameBuf::default();
     loop {
-        let req: Request = read_frame(&mut r).await?;
+        let req: Request = read_frame(&mut r, &mut buf).await?;
         let resp = match req {
             Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
             Request::Vote(_) if admin.repair.active() => {
@@ -344,7 +385,7 @@ async fn answer(stream: TcpStream, raft: Raft, admin: Arc<crate::admin::Admin>) 
             Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
             Request::Admin(req) => Response::Admin(admin.handle(req).await),
         };
-        write_frame(&mut w, &resp).await?;
+        write_frame(&mut w, &resp, &mut buf).await?;
     }
 }
 
@@ -361,5 +402,39 @@ mod tests {
         assert_eq!(cut(&[4, 4, 3], 10), 2);
         assert_eq!(cut(&[0; 5000], 10), 5000, "small entries are not cut");
         assert_eq!(cut(&[6, 6, 6], 10), 1);
+    }
+
+    /// Frames of every size go through one reused buffer on each side, a small one after a
+    /// large one included; a buffer grown past what is kept is let go.
+    #[tokio::test]
+    async fn frames_round_trip_through_reused_buffers() {
+        use super::{read_frame, write_frame, FrameBuf, FRAME_BUF_KEPT_BYTES_MAX};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sizes = [3, 4 << 20, 10, FRAME_BUF_KEPT_BYTES_MAX + 1, 0, 5];
+        let sender = tokio::spawn(async move {
+            let (_r, mut w) = tokio::net::TcpStream::connect(addr)
+                .await
+                .unwrap()
+                .into_split();
+            let mut buf = FrameBuf::default();
+            for (i, n) in sizes.into_iter().enumerate() {
+                write_frame(&mut w, &vec![i as u8; n], &mut buf)
+                    .await
+                    .unwrap();
+                let kept = buf.0.capacity();
+                assert!(kept >= n, "the buffer holds the frame just written");
+            }
+            assert!(buf.take().capacity() <= FRAME_BUF_KEPT_BYTES_MAX);
+        });
+        let (stream, _) = listener.accept().await.unwrap();
+        let (r, _w) = stream.into_split();
+        let mut r = tokio::io::BufReader::new(r);
+        let mut buf = FrameBuf::default();
+        for (i, n) in sizes.into_iter().enumerate() {
+            let got: Vec<u8> = read_frame(&mut r, &mut buf).await.unwrap();
+            assert_eq!(got, vec![i as u8; n], "frame {i}");
+        }
+        sender.await.unwrap();
     }
 }
