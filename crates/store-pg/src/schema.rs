@@ -8,8 +8,8 @@
 //!   rests on: it makes `epoch` a key column, so a takeover (which changes it) conflicts with
 //!   the `FOR KEY SHARE` lock every write takes on the row, while a renewal (which changes no
 //!   key column) does not, and a master's renewal never waits for its own writes (`log.rs`).
-//!   The index came after schema version 1 without a version bump: every start creates it if
-//!   it is missing, and a broker built before it fences with `FOR SHARE`, which conflicts with
+//!   The index came after schema version 1 without a version bump: a start creates it if no
+//!   such index is there, and a broker built before it fences with `FOR SHARE`, which conflicts with
 //!   every update and needs no index, so the two may share a store.
 //! - `haven_log(lsn, epoch, payload)`: the broker's log; each record carries the epoch of the
 //!   master that wrote it.
@@ -40,7 +40,6 @@ CREATE TABLE IF NOT EXISTS haven_lease (
     renewed_at      TIMESTAMPTZ,
     holder_has_lock BOOLEAN NOT NULL
 );
-CREATE UNIQUE INDEX IF NOT EXISTS haven_lease_epoch_key ON haven_lease (epoch);
 CREATE TABLE IF NOT EXISTS haven_log (
     lsn     BIGINT PRIMARY KEY CHECK (lsn > 0),
     epoch   BIGINT NOT NULL CHECK (epoch > 0),
@@ -51,6 +50,9 @@ INSERT INTO haven_meta (key, value)
                                             || pg_backend_pid()::text), 1, 16))
     ON CONFLICT (key) DO NOTHING;
 ";
+
+const EPOCH_KEY_SQL: &str =
+    "CREATE UNIQUE INDEX IF NOT EXISTS haven_lease_epoch_key ON haven_lease (epoch)";
 
 /// Whether `epoch` is a key column of `haven_lease` for row locking: PostgreSQL counts the
 /// columns of unique indexes that are immediate, valid, and neither partial nor on
@@ -99,9 +101,16 @@ pub(crate) async fn prepare(client: &mut Client) -> Result<String, PgError> {
         }
     }
     tx.batch_execute(CREATE_SQL).await?;
-    // `IF NOT EXISTS` goes by the name: an index of that name that is not a plain unique
-    // index on `epoch` alone would leave the takeover free to pass a write's fence.
-    let fenced: bool = tx.query_one(EPOCH_IS_A_KEY_SQL, &[]).await?.get(0);
+    // Created only when missing: `CREATE INDEX`, even one that exists, takes a share lock on
+    // the table until this transaction ends, and that would hold the running master's
+    // renewals for as long as this broker takes to start (or is paused). `IF NOT EXISTS` goes
+    // by the name, so an index of that name that is not a plain unique index on `epoch` alone
+    // is refused: the takeover would be free to pass a write's fence.
+    let mut fenced: bool = tx.query_one(EPOCH_IS_A_KEY_SQL, &[]).await?.get(0);
+    if !fenced {
+        tx.batch_execute(EPOCH_KEY_SQL).await?;
+        fenced = tx.query_one(EPOCH_IS_A_KEY_SQL, &[]).await?.get(0);
+    }
     if !fenced {
         return Err(PgError::Schema(
             "haven_lease has no plain unique index on epoch alone (haven_lease_epoch_key \

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use haven_server::HaConfig;
+use haven_server::{HaConfig, SharedStore};
 use std::time::Duration;
 
 /// Holds the lease row locked for 30 s from a psql session of its own.
@@ -109,4 +109,42 @@ async fn a_write_that_outlasts_db_timeout_fails_the_log_and_commits_nothing() {
         "0"
     );
     assert!(log.durable_lsn().is_err());
+}
+
+/// A broker that starts while the master runs takes no lock on the lease table that a renewal
+/// would have to wait for (here a session holds the lock a renewal takes, as one in flight
+/// does): its start gets through to waiting for the lease. Were its schema check to take one
+/// (`CREATE INDEX`, even of an index that exists, takes a share lock until its transaction
+/// ends), the running master's renewals would wait for a starting, or paused, broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_broker_takes_no_lock_a_renewal_would_wait_for() {
+    let Some(pg) = cluster() else { return };
+    let a = store(&short(&pg.url()), "a");
+    let _ma = acquire(&a).await;
+    let mut holder = pg
+        .psql_spawn(
+            "BEGIN; LOCK TABLE haven_lease IN ROW EXCLUSIVE MODE; \
+             SELECT pg_sleep(300) AS haven_test_lock_holder; COMMIT",
+        )
+        .expect("psql");
+    lock_held(&pg).await;
+    let b = store(&short(&pg.url()), "b");
+    let starting = tokio::spawn(async move { b.acquire().await.map(|_| ()) });
+    let contending = tokio::time::timeout(DEADLINE, async {
+        while pg
+            .psql(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE query LIKE 'SELECT pg_advisory_lock(%' AND pid <> pg_backend_pid()",
+            )
+            .expect("psql")
+            != "1"
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    release_the_lease_row(&pg);
+    starting.abort();
+    let _ = holder.wait();
+    contending.expect("B's start got through to waiting for the lease");
 }
