@@ -9,8 +9,8 @@
 //!   the `FOR KEY SHARE` lock every write takes on the row, while a renewal (which changes no
 //!   key column) does not, and a master's renewal never waits for its own writes (`log.rs`).
 //!   The index came after schema version 1 without a version bump: a start creates it if no
-//!   such index is there, and a broker built before it fences with `FOR SHARE`, which conflicts with
-//!   every update and needs no index, so the two may share a store.
+//!   such index is there, and a broker built before it fences with `FOR SHARE`, which
+//!   conflicts with every update and needs no index, so the two may share a store.
 //! - `haven_log(lsn, epoch, payload)`: the broker's log; each record carries the epoch of the
 //!   master that wrote it.
 //!
