@@ -760,9 +760,17 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
             .flatten()
             .cloned()
             .collect();
-        let leader = rafts
-            .iter()
-            .find(|r| r.metrics().borrow().state == ServerState::Leader);
+        // The leader every member follows, in its term: a member restarted from its disk leads
+        // its old term again until it hears of a later one (see the checker), and measuring
+        // catch-up against such a leader's shorter log would end the wait too soon.
+        let leader = rafts.iter().find(|r| {
+            let m = r.metrics().borrow().clone();
+            m.state == ServerState::Leader
+                && rafts.iter().all(|o| {
+                    let o = o.metrics().borrow().clone();
+                    o.current_term == m.current_term && o.current_leader == Some(m.id)
+                })
+        });
         if let Some(l) = leader {
             let last = l.metrics().borrow().last_log_index;
             if last.is_some()
