@@ -448,6 +448,14 @@ impl State {
             let durable = self.durable;
             self.durable_crcs.retain(|lsn, _| *lsn <= durable);
         }
+        // A log numbers on from its own appends whatever another writer did to the store
+        // (the core asserts it), but a writer's next LSN here follows the store's while it is
+        // ahead: a deposed master, paused while the next one wrote, saw that master's records
+        // in its numbering. Losing them must not take its numbering back.
+        let store_next = self.next_lsn();
+        for w in self.writers.values_mut() {
+            w.next = w.next.max(store_next);
+        }
         let unsynced = self.next_lsn() - 1 - self.durable;
         let kept = if unsynced == 0 {
             0

@@ -12,6 +12,7 @@
 pub mod disk;
 pub mod edges;
 pub mod lease;
+mod panics;
 pub mod raft;
 mod run;
 pub mod shared;

@@ -356,6 +356,7 @@ type SimResult = Result<(), Box<dyn std::error::Error>>;
 pub fn run(cfg: &SimConfig) -> Outcome {
     // The engine's maps iterate in an order fixed by this seed (see haven_engine::hash).
     haven_engine::hash::set_seed(cfg.seed);
+    crate::panics::watch();
     let brokers = cfg.mode.brokers();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let total_ms = cfg.fault_ms + cfg.heal_ms_max + SIM_SLACK_MS;
@@ -793,6 +794,9 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         }
     });
     let report = history.check(duplicates, cfg.mode != Mode::Standalone);
+    for p in crate::panics::seen() {
+        violations.push(format!("a simulated process panicked: {p}"));
+    }
     let lines = trace.lines();
     let mut digest = 0u32;
     for l in &lines {
