@@ -3,7 +3,7 @@
 # persistent, RECEIPT every 100): one fresh group, WARM messages not measured, then COUNT
 # measured; prints the rate, then each member's CPU ticks (10 ms) by thread name, the leader
 # first. PERF=1 also records the leader with `perf record -g` into $PERF_OUT
-# (default ./perf-leader.data). BIN runs another build.
+# (default target/perf-leader.data, out of git's way). BIN runs another build.
 #
 #   [BIN=...] [COUNT=300000] [WARM=100000] [PERF=1] bash bench/replicated_cpu.sh
 set -euo pipefail
@@ -12,7 +12,7 @@ if [ -z "${BIN:-}" ]; then
     BIN="$PWD/target/release/haven"
     cargo build --release -q -p haven-cli
 fi
-PERF_OUT="${PERF_OUT:-$PWD/perf-leader.data}"
+PERF_OUT="${PERF_OUT:-$PWD/target/perf-leader.data}"
 W=$(mktemp -d)
 P=()
 cleanup() { for p in "${P[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
