@@ -13,6 +13,7 @@ if [ -z "${BIN:-}" ]; then
     cargo build --release -q -p haven-cli
 fi
 PERF_OUT="${PERF_OUT:-$PWD/target/perf-leader.data}"
+mkdir -p "$(dirname "$PERF_OUT")"
 W=$(mktemp -d)
 P=()
 cleanup() { for p in "${P[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
