@@ -547,6 +547,18 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
     }
     let log = std::fs::read_to_string(brokers[old].log_path()).unwrap();
     assert!(log.contains("leadership lost"), "{log}");
+    // What `haven admin cluster status` tells an operator now: only the majority's leader
+    // serves, though the cut-off one may still be openraft's leader of its own term.
+    let rafts: Vec<SocketAddr> = members.iter().map(|m| m.raft).collect();
+    let statuses = blocking(move || rafts.into_iter().map(status).collect::<Vec<_>>()).await;
+    let serving: Vec<usize> = (0..MEMBERS)
+        .filter(|&i| statuses[i].as_ref().is_some_and(|s| s.serving))
+        .collect();
+    assert_eq!(serving, vec![new], "statuses: {statuses:#?}");
+    println!(
+        "the cut-off leader's status: {:?}",
+        statuses[old].as_ref().map(|s| (&s.state, s.term, s.serving))
+    );
     // Healed, the old leader's uncommitted entry gives way to the majority's log.
     tokio::task::block_in_place(|| lab.heal()).expect("heal");
     let leader_raft = members[new].raft;

@@ -36,8 +36,14 @@ pub enum AdminRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub id: NodeId,
-    /// `Leader`, `Follower`, `Candidate` or `Learner`.
+    /// `Leader`, `Follower`, `Candidate` or `Learner`: openraft's role. A member restarted from
+    /// its disk can show `Leader` of the term it led before it stopped, until it hears of a
+    /// later one; it does not serve in it (see `serving`).
     pub state: String,
+    /// This member's broker serves clients as the leader of `term`: a majority confirmed the
+    /// term (`ensure_linearizable`). At most one member of a group in the same term does.
+    #[serde(default)]
+    pub serving: bool,
     pub term: u64,
     pub leader: Option<NodeId>,
     pub last_log_index: Option<u64>,
@@ -96,6 +102,8 @@ impl Admin {
         Status {
             id: m.id,
             state: format!("{:?}", m.state),
+            serving: m.state == ServerState::Leader
+                && self.handover.serving_term() == Some(m.current_term),
             term: m.current_term,
             leader: m.current_leader,
             last_log_index: m.last_log_index,

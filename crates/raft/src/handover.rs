@@ -51,6 +51,11 @@ impl Handover {
         self.state.lock().unwrap().serving = None;
     }
 
+    /// The term the broker serves in, if it serves.
+    pub fn serving_term(&self) -> Option<u64> {
+        self.state.lock().unwrap().serving.as_ref().map(|(t, _)| *t)
+    }
+
     /// Whether leadership of `term` is being handed over: the member must not serve in it.
     pub fn surrendered(&self, term: u64) -> bool {
         self.state.lock().unwrap().surrendered == Some(term)
