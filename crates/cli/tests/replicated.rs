@@ -557,7 +557,9 @@ async fn a_leader_cut_off_with_a_minority_accepts_nothing_and_the_majority_goes_
     assert_eq!(serving, vec![new], "statuses: {statuses:#?}");
     println!(
         "the cut-off leader's status: {:?}",
-        statuses[old].as_ref().map(|s| (&s.state, s.term, s.serving))
+        statuses[old]
+            .as_ref()
+            .map(|s| (&s.state, s.term, s.serving))
     );
     // Healed, the old leader's uncommitted entry gives way to the majority's log.
     tokio::task::block_in_place(|| lab.heal()).expect("heal");
