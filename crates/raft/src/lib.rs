@@ -13,6 +13,7 @@
 //! - `witness`: the bodiless third member of a two-broker group, and the leader's gate for it.
 //! - `runtime`: openraft's async runtime, tokio with a floor under RPC timeouts.
 //! - `repair`: a member whose Raft log is damaged catches up from its peers, not voting meanwhile.
+//! - `split_vote`: a member whose vote split steps back a random time before standing again.
 //! - `node`: one replica, as a `SharedStore`, so `haven_server::run_shared` serves while it leads.
 
 // openraft's `StorageError` is large; it is what its traits return, so it is returned as is.
@@ -29,6 +30,7 @@ mod node;
 mod repair;
 pub mod runtime;
 mod snapshot;
+pub mod split_vote;
 mod state;
 pub mod types;
 mod witness;

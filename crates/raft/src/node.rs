@@ -137,6 +137,14 @@ impl ReplicatedStore {
                 )
             })
             .collect();
+        if !me.witness {
+            let repair = repair.clone();
+            tasks.push(tokio::spawn(crate::split_vote::step_back(
+                raft.clone(),
+                crate::split_vote::PAUSE_MAX_ELECTION_TIMEOUTS * ha.election_timeout_ms,
+                move || !repair.active(),
+            )));
+        }
         if repair.active() {
             tasks.push(tokio::spawn(crate::repair::watch(
                 raft.clone(),

@@ -14,6 +14,7 @@ pub mod edges;
 pub mod lease;
 mod panics;
 pub mod raft;
+pub mod raft_clock;
 mod run;
 pub mod shared;
 

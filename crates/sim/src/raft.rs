@@ -3,9 +3,11 @@
 //! with the Raft safety invariants checked at every step.
 //!
 //! What runs is openraft itself, the exact version Haven pins, with Haven's default timing
-//! (heartbeat 50 ms, election timeouts between 100 and 200 ms, openraft's leader lease the
-//! largest of them), the same storage-v2 traits and the `loosen-follower-log-revert` feature
-//! Haven enables. The broker's journals are replaced by
+//! (heartbeat 50 ms, each member's election timeout drawn at start between 100 and 200 ms,
+//! openraft's leader lease the largest of them; ticks that fire a little late, as on a real
+//! machine: `raft_clock`), the same storage-v2 traits and the `loosen-follower-log-revert`
+//! feature Haven enables, and Haven's pause after a split vote (`haven_raft::split_vote`). The
+//! broker's journals are replaced by
 //! in-memory disks (the Raft log and vote are durable once appended, as Haven's are after their
 //! fsync; the state machine is volatile and rebuilt from the snapshot and the log, as Haven's
 //! unsynced state journal is). The process tests (`crates/cli/tests/replicated.rs`) run the
@@ -28,8 +30,8 @@
 //! must be applied exactly once, in order, on every member.
 //!
 //! Determinism: the fault schedule, delays and losses come from the seed, time is tokio's
-//! paused clock on one thread, and openraft's election timeouts are pinned per member (their
-//! random range is one millisecond wide), so a seed replays its run exactly (a test checks it).
+//! paused clock on one thread, and the election timeouts and late ticks come from the seed too
+//! (`raft_clock`), so a seed replays its run exactly (a test checks it).
 //!
 //! Haven runs openraft with `single-term-leader` (standard Raft). Without it openraft lets a
 //! later candidate with a higher node id be elected in the same term, and "one leader per
@@ -63,6 +65,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = crate::raft_clock::SimRuntime,
 );
 
 type Raft = openraft::Raft<SimConfig>;
@@ -331,6 +334,9 @@ struct World {
     /// `(from, to)`: messages from `from` to `to` are dropped.
     cuts: Mutex<BTreeSet<(u64, u64)>>,
     rng: Mutex<StdRng>,
+    model: Model,
+    /// Each running member's `split_vote::step_back` task, when the model has it.
+    step_backs: Mutex<Vec<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl World {
@@ -444,6 +450,9 @@ pub struct RaftOutcome {
     pub cuts: u64,
     /// Distinct terms that had a leader.
     pub leaders: u64,
+    /// From healing to a leader that every member follows and has caught up with, to the
+    /// 50 ms the wait polls at; `None` if that did not happen in [`HEAL_WAIT_MS`].
+    pub settled_ms: Option<u64>,
 }
 
 impl RaftOutcome {
@@ -460,6 +469,9 @@ impl std::fmt::Display for RaftOutcome {
              with a leader",
             self.seed, self.members, self.acknowledged, self.crashes, self.cuts, self.leaders
         )?;
+        if let Some(ms) = self.settled_ms {
+            write!(f, ", settled {ms} ms after healing")?;
+        }
         for v in &self.violations {
             write!(f, "\n  VIOLATION {v}")?;
         }
@@ -467,15 +479,54 @@ impl std::fmt::Display for RaftOutcome {
     }
 }
 
-/// openraft's settings for member `id`: Haven's (`[ha]` defaults), with the election timeout
-/// pinned to one value per member inside Haven's range, so that the seed decides everything.
-fn config(id: u64, members: u64) -> Arc<openraft::Config> {
-    let min = ELECTION_TIMEOUT_MS + id * ELECTION_TIMEOUT_MS / (members + 1);
+/// What the simulated members run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Model {
+    pub clock: Clock,
+    /// Haven's pause after a split vote (`haven_raft::split_vote`).
+    pub step_back: bool,
+}
+
+impl Model {
+    /// What Haven runs on.
+    pub const HAVEN: Model = Model {
+        clock: Clock::Real,
+        step_back: true,
+    };
+    /// The model before 2026-12-05, kept to replay the seeds found under it.
+    pub const FORMER: Model = Model {
+        clock: Clock::Exact,
+        step_back: false,
+    };
+}
+
+/// How the members keep time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// As on a real machine (`raft_clock`): each member draws its election timeout from
+    /// Haven's range when it starts, and its ticks fire a little late.
+    Real,
+    /// One fixed election timeout per member (100 + id·100/(n+1) ms) and ticks exactly on
+    /// time. Members started at the same instant stand for election in step for ever under it,
+    /// unless they step back after a split vote.
+    Exact,
+}
+
+/// openraft's settings for member `id`: Haven's (`[ha]` defaults). openraft draws the
+/// election timeout in `[min, max)` once, at start.
+fn config(id: u64, members: u64, clock: Clock) -> Arc<openraft::Config> {
+    let (min, max) = match clock {
+        Clock::Real => (ELECTION_TIMEOUT_MS, 2 * ELECTION_TIMEOUT_MS),
+        Clock::Exact => {
+            let min = ELECTION_TIMEOUT_MS + id * ELECTION_TIMEOUT_MS / (members + 1);
+            (min, min + 1)
+        }
+    };
     let c = openraft::Config {
         cluster_name: "sim".into(),
         heartbeat_interval: HEARTBEAT_MS,
         election_timeout_min: min,
-        election_timeout_max: min + 1,
+        election_timeout_max: max,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(200),
         max_in_snapshot_log_to_keep: 20,
         max_payload_entries: 64,
@@ -491,13 +542,30 @@ async fn start(world: &Arc<World>, disks: &[Arc<Mutex<Disk>>], id: u64) {
         world: world.clone(),
         from: id,
     };
-    let raft = Raft::new(id, config(id, members), links, store.clone(), store)
-        .await
-        .expect("raft starts");
+    let raft = Raft::new(
+        id,
+        config(id, members, world.model.clock),
+        links,
+        store.clone(),
+        store,
+    )
+    .await
+    .expect("raft starts");
+    if world.model.step_back {
+        let task = tokio::spawn(haven_raft::split_vote::step_back(
+            raft.clone(),
+            haven_raft::split_vote::PAUSE_MAX_ELECTION_TIMEOUTS * ELECTION_TIMEOUT_MS,
+            || true,
+        ));
+        world.step_backs.lock().unwrap()[id as usize] = Some(task);
+    }
     world.rafts.lock().unwrap()[id as usize] = Some(raft);
 }
 
 async fn crash(world: &Arc<World>, disks: &[Arc<Mutex<Disk>>], id: u64, lossy: bool) {
+    if let Some(task) = world.step_backs.lock().unwrap()[id as usize].take() {
+        task.abort();
+    }
     let raft = world.rafts.lock().unwrap()[id as usize].take();
     if let Some(raft) = raft {
         let _ = raft.shutdown().await;
@@ -611,27 +679,94 @@ impl Checker {
 
 /// One seeded run. Never panics on a violation: it reports it.
 pub fn run_raft(seed: u64) -> RaftOutcome {
-    run_raft_with(seed, false)
+    run_raft_with(seed, false, Model::HAVEN)
 }
 
-/// One seeded run; with `lossy_log`, a crash loses the member's unapplied log entries (a
-/// broken store: the invariants must catch it).
-pub fn run_raft_with(seed: u64, lossy_log: bool) -> RaftOutcome {
+/// The leader every member follows, in its term. Not merely a member in the leader state: a
+/// member restarted from its disk leads its old term again until it hears of a later one (see
+/// the checker), and measuring catch-up against such a leader's shorter log would end a wait
+/// too soon.
+fn followed_leader(rafts: &[Raft]) -> Option<&Raft> {
+    rafts.iter().find(|r| {
+        let m = r.metrics().borrow().clone();
+        m.state == ServerState::Leader
+            && rafts.iter().all(|o| {
+                let o = o.metrics().borrow().clone();
+                o.current_term == m.current_term && o.current_leader == Some(m.id)
+            })
+    })
+}
+
+/// Members that start in step: `members` fresh members started at the same instant, each
+/// initialised with the whole group at once, so that each stands at once with an equal log, over
+/// the same delays and losses as [`run_raft`] and no other fault. Returns how long it took
+/// until every member followed one leader, or `None` if none did within [`HEAL_WAIT_MS`].
+pub fn elect_from_a_standing_start(seed: u64, members: u64, model: Model) -> Option<u64> {
+    crate::raft_clock::seed(seed ^ 0x71c4, model.clock == Clock::Real);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("runtime");
-    rt.block_on(run_async(seed, lossy_log))
+    rt.block_on(async move {
+        let world = Arc::new(World {
+            rafts: Mutex::new(vec![None; members as usize]),
+            cuts: Mutex::new(BTreeSet::new()),
+            rng: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)),
+            model,
+            step_backs: Mutex::new((0..members).map(|_| None).collect()),
+        });
+        let disks: Vec<Arc<Mutex<Disk>>> = (0..members).map(|_| Arc::default()).collect();
+        for id in 0..members {
+            start(&world, &disks, id).await;
+        }
+        let all: BTreeMap<u64, BasicNode> =
+            (0..members).map(|id| (id, BasicNode::default())).collect();
+        let rafts: Vec<Raft> = (0..members)
+            .map(|id| world.raft(id).expect("started"))
+            .collect();
+        for r in &rafts {
+            r.initialize(all.clone()).await.expect("initialise");
+        }
+        let started = tokio::time::Instant::now();
+        let mut elected = None;
+        while started.elapsed() < Duration::from_millis(HEAL_WAIT_MS) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            if followed_leader(&rafts).is_some() {
+                elected = Some(started.elapsed().as_millis() as u64);
+                break;
+            }
+        }
+        for id in 0..members {
+            crash(&world, &disks, id, false).await;
+        }
+        elected
+    })
 }
 
-async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
+/// One seeded run; with `lossy_log`, a crash loses the member's unapplied log entries (a
+/// broken store: the invariants must catch it).
+pub fn run_raft_with(seed: u64, lossy_log: bool, model: Model) -> RaftOutcome {
+    // The timing draws from a stream of its own, so the fault schedule depends on the seed
+    // alone and not on how many ticks ran.
+    crate::raft_clock::seed(seed ^ 0x71c4, model.clock == Clock::Real);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(run_async(seed, lossy_log, model))
+}
+
+async fn run_async(seed: u64, lossy: bool, model: Model) -> RaftOutcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let members: u64 = if rng.gen_bool(0.5) { 3 } else { 5 };
     let world = Arc::new(World {
         rafts: Mutex::new(vec![None; members as usize]),
         cuts: Mutex::new(BTreeSet::new()),
         rng: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)),
+        model,
+        step_backs: Mutex::new((0..members).map(|_| None).collect()),
     });
     let disks: Vec<Arc<Mutex<Disk>>> = (0..members).map(|_| Arc::default()).collect();
     for id in 0..members {
@@ -748,8 +883,9 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
             start(&world, &disks, id).await;
         }
     }
-    let healed_by = now_ms() + HEAL_WAIT_MS;
-    let mut settled = false;
+    let healed_at = now_ms();
+    let healed_by = healed_at + HEAL_WAIT_MS;
+    let mut settled = None;
     while now_ms() < healed_by {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let rafts: Vec<Raft> = world
@@ -760,25 +896,14 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
             .flatten()
             .cloned()
             .collect();
-        // The leader every member follows, in its term: a member restarted from its disk leads
-        // its old term again until it hears of a later one (see the checker), and measuring
-        // catch-up against such a leader's shorter log would end the wait too soon.
-        let leader = rafts.iter().find(|r| {
-            let m = r.metrics().borrow().clone();
-            m.state == ServerState::Leader
-                && rafts.iter().all(|o| {
-                    let o = o.metrics().borrow().clone();
-                    o.current_term == m.current_term && o.current_leader == Some(m.id)
-                })
-        });
-        if let Some(l) = leader {
+        if let Some(l) = followed_leader(&rafts) {
             let last = l.metrics().borrow().last_log_index;
             if last.is_some()
                 && rafts
                     .iter()
                     .all(|r| r.metrics().borrow().last_applied.map(|a| a.index) >= last)
             {
-                settled = true;
+                settled = Some(now_ms() - healed_at);
                 break;
             }
         }
@@ -793,7 +918,7 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
         .into_inner()
         .unwrap();
     checker.check(&world, &disks, now_ms());
-    if !settled {
+    if settled.is_none() {
         checker.violations.push(format!(
             "no leader with every member caught up {HEAL_WAIT_MS} ms after healing"
         ));
@@ -812,7 +937,7 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
                 .violations
                 .push(format!("member {id} applied an index twice"));
         }
-        if settled {
+        if settled.is_some() {
             for (i, v) in &acked {
                 if set.get(i) != Some(v) {
                     checker.violations.push(format!(
@@ -833,5 +958,6 @@ async fn run_async(seed: u64, lossy: bool) -> RaftOutcome {
         violations: checker.violations,
         crashes,
         cuts,
+        settled_ms: settled,
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! Overnight: `cargo run --release -p haven-sim -- --raft --first 1000 --seeds 10000`.
 
-use haven_sim::raft::{run_raft, run_raft_with, RaftOutcome};
+use haven_sim::raft::{
+    elect_from_a_standing_start, run_raft, run_raft_with, Clock, Model, RaftOutcome,
+};
 
 /// Seeds every CI run checks.
 const FIXED_SEEDS: std::ops::Range<u64> = 1..21;
@@ -41,7 +43,8 @@ fn raft_invariants_hold_on_the_fixed_seeds() {
     assert!(sizes.contains(&3) && sizes.contains(&5), "{sizes:?}");
 }
 
-/// Seeds that once failed, kept so that what they found stays fixed.
+/// Seeds that once failed, kept so that what they found stays fixed. Both were found under the
+/// former model (`Model::FORMER`) and replay their runs only under it.
 ///
 /// 13823266037043373702: member 0 led term 42, crashed and restarted still leading term 42
 /// (openraft restores a committed vote for itself as leadership), took writes in term 42 and
@@ -59,7 +62,7 @@ const REGRESSION_SEEDS: [u64; 2] = [13823266037043373702, 15000012324];
 #[test]
 fn raft_invariants_hold_on_the_seeds_that_once_failed() {
     for seed in REGRESSION_SEEDS {
-        check(&run_raft(seed));
+        check(&run_raft_with(seed, false, Model::FORMER));
     }
 }
 
@@ -77,9 +80,58 @@ fn raft_invariants_hold_on_random_seeds() {
 #[test]
 fn a_log_that_loses_entries_at_a_crash_is_caught() {
     let caught = FIXED_SEEDS
-        .filter(|&seed| !run_raft_with(seed, true).ok())
+        .filter(|&seed| !run_raft_with(seed, true, Model::HAVEN).ok())
         .count();
     assert!(caught > 0, "no seed caught a lossy log");
+}
+
+/// Seed 40000003388 under the former model: after healing, the three members' ticks fell on
+/// the same millisecond and their election timeouts (100, 125 and 150 ms) all rounded up to the
+/// second tick (75 ms apart), so every 150 ms all three stood at once, each voted for itself
+/// and refused the others, and no one was elected for 30 s. The liveness check catches it.
+#[test]
+fn a_group_that_elects_no_one_after_healing_fails_the_liveness_check() {
+    let former = run_raft_with(40000003388, false, Model::FORMER);
+    println!("{former}");
+    assert!(
+        former
+            .violations
+            .iter()
+            .any(|v| v.contains("no leader with every member caught up")),
+        "{former}"
+    );
+}
+
+/// Members that stand in step elect a leader because they step back after a split vote
+/// (`haven_raft::split_vote`). Each group starts with every member initialised at the same
+/// instant, so every member stands at once with an equal log. On an exact clock (ticks never
+/// late, timeouts that round to the same tick) the former model elects no one in 30 s on any
+/// seed; stepping back elects a leader on every one, on that clock and on the real one.
+#[test]
+fn members_in_step_elect_a_leader_because_they_step_back_after_a_split_vote() {
+    const SEEDS: std::ops::RangeInclusive<u64> = 1..=10;
+    let exact_stepping_back = Model {
+        clock: Clock::Exact,
+        step_back: true,
+    };
+    for members in [3, 5] {
+        for seed in SEEDS {
+            assert_eq!(
+                elect_from_a_standing_start(seed, members, Model::FORMER),
+                None,
+                "seed {seed}, {members} members: the former model elected someone, so the \
+                 start was not in step"
+            );
+            for model in [exact_stepping_back, Model::HAVEN] {
+                let elected = elect_from_a_standing_start(seed, members, model);
+                println!("seed {seed}, {members} members, {model:?}: elected after {elected:?} ms");
+                assert!(
+                    elected.is_some(),
+                    "seed {seed}, {members} members, {model:?}: no leader"
+                );
+            }
+        }
+    }
 }
 
 /// A seed replays its run: the same faults, the same writes acknowledged, the same elections.

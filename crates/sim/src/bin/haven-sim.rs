@@ -5,7 +5,9 @@
 //!     haven-sim --mode shared-store --seeds 20 --unfenced # the store's fence off: must fail
 //!     haven-sim --raft --first 1 --seeds 100            # replicated mode's consensus
 //!     haven-sim --raft --seeds 20 --lossy-log           # logs that lose unapplied entries: must fail
+//!     haven-sim --raft --seed 40000003388 --exact-clock --no-step-back # the former model
 
+use haven_sim::raft::{Clock, Model};
 use haven_sim::{run, Mode, SimConfig};
 use std::process::ExitCode;
 
@@ -18,6 +20,8 @@ struct Args {
     unfenced: bool,
     raft: bool,
     lossy_log: bool,
+    exact_clock: bool,
+    no_step_back: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -30,6 +34,8 @@ fn parse() -> Result<Args, String> {
         unfenced: false,
         raft: false,
         lossy_log: false,
+        exact_clock: false,
+        no_step_back: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -54,10 +60,14 @@ fn parse() -> Result<Args, String> {
             // Shows that the Raft invariants can fail: a crash loses the log entries its
             // member had not applied yet, acknowledged or not.
             "--lossy-log" => args.lossy_log = true,
+            // The former Raft model (raft::Model::FORMER is both): fixed election timeouts and
+            // ticks exactly on time; replicas that do not step back after a split vote.
+            "--exact-clock" => args.exact_clock = true,
+            "--no-step-back" => args.no_step_back = true,
             "-h" | "--help" => {
                 return Err("usage: haven-sim [--seed N | --first N --seeds COUNT] \
                             [--mode exactly-once|standalone|shared-store] [--messages PER_PRODUCER] \
-                            [--trace] [--unfenced] | --raft [--lossy-log] [--seed N | --first N --seeds COUNT]"
+                            [--trace] [--unfenced] | --raft [--lossy-log] [--exact-clock] [--no-step-back] [--seed N | --first N --seeds COUNT]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
@@ -123,7 +133,15 @@ fn main() -> ExitCode {
 fn run_raft_seeds(args: &Args) -> ExitCode {
     let mut failed = Vec::new();
     for seed in args.first..args.first + args.seeds {
-        let outcome = haven_sim::raft::run_raft_with(seed, args.lossy_log);
+        let model = Model {
+            clock: if args.exact_clock {
+                Clock::Exact
+            } else {
+                Clock::Real
+            },
+            step_back: !args.no_step_back,
+        };
+        let outcome = haven_sim::raft::run_raft_with(seed, args.lossy_log, model);
         println!("{outcome}");
         if !outcome.ok() {
             failed.push(seed);
