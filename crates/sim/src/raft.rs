@@ -702,24 +702,8 @@ fn followed_leader(rafts: &[Raft]) -> Option<&Raft> {
 /// the same delays and losses as [`run_raft`] and no other fault. Returns how long it took
 /// until every member followed one leader, or `None` if none did within [`HEAL_WAIT_MS`].
 pub fn elect_from_a_standing_start(seed: u64, members: u64, model: Model) -> Option<u64> {
-    crate::raft_clock::seed(seed ^ 0x71c4, model.clock == Clock::Real);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let world = Arc::new(World {
-            rafts: Mutex::new(vec![None; members as usize]),
-            cuts: Mutex::new(BTreeSet::new()),
-            rng: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)),
-            model,
-            step_backs: Mutex::new((0..members).map(|_| None).collect()),
-        });
-        let disks: Vec<Arc<Mutex<Disk>>> = (0..members).map(|_| Arc::default()).collect();
-        for id in 0..members {
-            start(&world, &disks, id).await;
-        }
+    runtime(seed, model).block_on(async move {
+        let (world, disks) = start_group(seed, members, model).await;
         let all: BTreeMap<u64, BasicNode> =
             (0..members).map(|id| (id, BasicNode::default())).collect();
         let rafts: Vec<Raft> = (0..members)
@@ -747,20 +731,23 @@ pub fn elect_from_a_standing_start(seed: u64, members: u64, model: Model) -> Opt
 /// One seeded run; with `lossy_log`, a crash loses the member's unapplied log entries (a
 /// broken store: the invariants must catch it).
 pub fn run_raft_with(seed: u64, lossy_log: bool, model: Model) -> RaftOutcome {
-    // The timing draws from a stream of its own, so the fault schedule depends on the seed
-    // alone and not on how many ticks ran.
+    runtime(seed, model).block_on(run_async(seed, lossy_log, model))
+}
+
+/// A run's runtime: one thread on tokio's paused clock, with this thread's timing seeded. The
+/// timing draws from a stream of its own, so the fault schedule depends on the seed alone and
+/// not on how many ticks ran.
+fn runtime(seed: u64, model: Model) -> tokio::runtime::Runtime {
     crate::raft_clock::seed(seed ^ 0x71c4, model.clock == Clock::Real);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("runtime");
-    rt.block_on(run_async(seed, lossy_log, model))
+        .expect("runtime")
 }
 
-async fn run_async(seed: u64, lossy: bool, model: Model) -> RaftOutcome {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let members: u64 = if rng.gen_bool(0.5) { 3 } else { 5 };
+/// `members` fresh members, started at the same instant.
+async fn start_group(seed: u64, members: u64, model: Model) -> (Arc<World>, Vec<Arc<Mutex<Disk>>>) {
     let world = Arc::new(World {
         rafts: Mutex::new(vec![None; members as usize]),
         cuts: Mutex::new(BTreeSet::new()),
@@ -772,6 +759,13 @@ async fn run_async(seed: u64, lossy: bool, model: Model) -> RaftOutcome {
     for id in 0..members {
         start(&world, &disks, id).await;
     }
+    (world, disks)
+}
+
+async fn run_async(seed: u64, lossy: bool, model: Model) -> RaftOutcome {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let members: u64 = if rng.gen_bool(0.5) { 3 } else { 5 };
+    let (world, disks) = start_group(seed, members, model).await;
     let all: BTreeMap<u64, BasicNode> = (0..members).map(|id| (id, BasicNode::default())).collect();
     world
         .raft(0)
