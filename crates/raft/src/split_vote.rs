@@ -36,13 +36,20 @@ pub async fn step_back<C: RaftTypeConfig>(
     may_stand: impl Fn() -> bool,
 ) {
     assert!(pause_max_ms > 0, "a pause needs a range");
-    let mut metrics = raft.metrics();
+    // The server metrics change only with the vote, the role, the leader or the membership;
+    // `metrics()` is sent on every turn of openraft's loop, thousands of times a second on a
+    // busy leader.
+    let mut metrics = raft.server_metrics();
     // The term this member last stood in, if no leader has been seen since.
     let mut stood_in: Option<u64> = None;
     loop {
         let (state, term, led) = {
             let m = metrics.borrow_and_update();
-            (m.state, m.current_term, m.current_leader.is_some())
+            (
+                m.state,
+                m.vote.leader_id().get_term(),
+                m.current_leader.is_some(),
+            )
         };
         if led {
             stood_in = None;
