@@ -9,8 +9,10 @@
 //!   wake-up is late by the scheduler's delay, so members' ticks drift apart. On a paused clock
 //!   they do not: members whose ticks fall on the same instant, with timeouts that round up to
 //!   the same tick, stand for election at the same instant every time, each votes for itself,
-//!   and no one is elected, for ever. Seed 40000003388 ran 200 terms like that before this
-//!   runtime. [`TICK_LATE_US`] is the scheduler delay given to each tick.
+//!   and no one is elected, for ever (seed 40000003388 ran 200 terms like that). Late ticks make
+//!   such a run end, but only as slowly as the ticks drift apart, which can take tens of
+//!   seconds; what ends it soon is Haven's step back after a split vote
+//!   (`haven_raft::split_vote`). [`TICK_LATE_US`] is the scheduler delay given to each tick.
 //!
 //! Everything else (spawning, sleeps, timeouts, channels) is tokio's, as in Haven.
 
@@ -32,12 +34,12 @@ thread_local! {
 
 struct Timing {
     rng: StdRng,
-    /// Off for runs that replay seeds found under the former pinned timing.
+    /// Off for the former model's exact clock (`raft::Clock::Exact`).
     jitter: bool,
 }
 
-/// Seeds this thread's timing for one run; `jitter` off gives the former pinned timing (ticks
-/// exactly on time).
+/// Seeds this thread's timing for one run; `jitter` off gives the exact clock (ticks exactly on
+/// time).
 pub fn seed(seed: u64, jitter: bool) {
     TIMING.with(|t| {
         *t.borrow_mut() = Some(Timing {
@@ -112,7 +114,8 @@ impl AsyncRuntime for SimRuntime {
         join_error.is_panic()
     }
 
-    /// openraft draws each member's election timeout from this at `Raft::new`.
+    /// openraft draws each member's election timeout from this at `Raft::new`, and
+    /// `haven_raft::split_vote` its pauses.
     fn thread_rng() -> Self::ThreadLocalRng {
         StdRng::seed_from_u64(draw(|t| t.rng.gen()))
     }
