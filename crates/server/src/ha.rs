@@ -163,6 +163,8 @@ async fn serve_terms(
         });
         let result = server.wait().await;
         forward.abort();
+        // No longer serving: say so now, not after the pause below.
+        let _ = role.send(Role::Slave);
         drop(hold);
         if *stop.borrow() {
             return result;

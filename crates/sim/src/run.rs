@@ -10,7 +10,7 @@
 use crate::disk::{DiskStats, SimDisk};
 use crate::edges::{SimClock, SimDialer, SimNetwork};
 use crate::lease::{LeaseTimes, SimLease, SimSharedStore};
-use crate::shared::{serve_shared, Role, Roles};
+use crate::shared::{serve_shared, Roles};
 use haven_client::{AckMode, Client, ClientError, ConnectOptions, Dialer};
 use haven_server::{Config, Env, Server};
 use haven_testkit::{Duplicates, History, Report, SendOutcome};
@@ -406,12 +406,9 @@ pub fn run(cfg: &SimConfig) -> Outcome {
                     disk: disk.clone(),
                     host: i,
                 };
-                let (clock, roles, trace) = (clock.clone(), roles.clone(), trace.clone());
+                let (clock, roles) = (clock.clone(), roles.clone());
                 async move {
-                    serve_shared(broker_config(), store, clock, roles, move |line| {
-                        trace.add(line)
-                    })
-                    .await?;
+                    serve_shared(broker_config(), store, clock, roles).await?;
                     Ok(())
                 }
             });
@@ -590,6 +587,9 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         };
         step += 1;
         let now = sim.elapsed().as_millis() as u64;
+        for line in roles.changes() {
+            trace.add_at(now, line);
+        }
         // The invariants, after every step.
         if let Some(v) = check_step(&disks, shared.then_some((&roles, &lease))) {
             violations.push(format!("step {step} ({now} simulated ms): {v}"));
@@ -855,7 +855,7 @@ fn newest_master(roles: &Roles) -> Option<(usize, u64)> {
 fn crash_shared(sim: &mut turmoil::Sim<'_>, lease: &SimLease, roles: &Roles, host: usize) {
     sim.crash(broker_name(host).as_str());
     lease.host_crashed(host);
-    roles.set(host, Role::Down);
+    roles.down(host);
 }
 
 /// One transaction of `ids`: BEGIN, a SEND each, COMMIT. All receipted if the COMMIT is

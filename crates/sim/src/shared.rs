@@ -1,24 +1,17 @@
-//! A broker host in the shared-store mode: the slave → master → slave loop of
-//! `haven_server::ha::run_shared`, over the simulation's network and clock.
+//! A broker host in the shared-store mode: `haven_server::ha::run_shared_with`, the loop the
+//! broker runs in production (slave, master, slave again), over the simulation's network and
+//! clock.
 //!
-//! Why a copy: `run_shared` builds its `Env` with TCP and the system clock. It is the same
-//! small loop (acquire, `Server::start_with` with the mastership's `lost` watch, wait, drop the
-//! hold, pause, again); `haven_server::ha` should grow a variant that takes the network and
-//! the clock so that the simulation runs the real one. Until then, keep the two in step.
-//!
-//! Each host also reports its role to [`Roles`], which the run checks at every step: at most
-//! one broker serves per epoch, and each serves only an epoch the lease granted to it.
+//! Each host's role is read from that loop's own role channel, which the run checks at every
+//! step: at most one broker serves per epoch, and each serves only an epoch the lease granted
+//! to it.
 
 use crate::edges::{SimClock, SimNetwork};
 use crate::lease::SimSharedStore;
-use haven_server::ha::{Mastership, SharedStore};
-use haven_server::{Config, Env, Server, ServerError};
+use haven_server::ha::{self, Edges};
+use haven_server::{Config, ServerError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// After losing mastership, how long a broker waits before competing again (as
-/// `haven_server::ha`'s `STEP_DOWN_PAUSE_MS`).
-const STEP_DOWN_PAUSE_MS: u64 = 1_000;
+use tokio::sync::watch;
 
 /// What a host is doing, as the run's invariants see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,21 +24,45 @@ pub enum Role {
     Serving { epoch: u64 },
 }
 
-/// Every host's role. Written by the hosts (and by the run when it crashes one).
+/// Every host's role: the role channel of the loop it runs, none while it is down.
 #[derive(Clone)]
-pub struct Roles(Arc<Mutex<Vec<Role>>>);
+pub struct Roles(Arc<Mutex<Hosts>>);
+
+struct Hosts {
+    running: Vec<Option<watch::Receiver<ha::Role>>>,
+    /// The roles last traced.
+    traced: Vec<Role>,
+}
 
 impl Roles {
     pub fn new(hosts: usize) -> Roles {
-        Roles(Arc::new(Mutex::new(vec![Role::Down; hosts])))
+        Roles(Arc::new(Mutex::new(Hosts {
+            running: vec![None; hosts],
+            traced: vec![Role::Down; hosts],
+        })))
     }
 
-    pub fn set(&self, host: usize, role: Role) {
-        self.0.lock().expect("roles")[host] = role;
+    /// Host `host` was crashed: its loop is gone.
+    pub fn down(&self, host: usize) {
+        self.0.lock().expect("roles").running[host] = None;
+    }
+
+    fn running(&self, host: usize, role: watch::Receiver<ha::Role>) {
+        self.0.lock().expect("roles").running[host] = Some(role);
     }
 
     pub fn get(&self) -> Vec<Role> {
-        self.0.lock().expect("roles").clone()
+        self.0
+            .lock()
+            .expect("roles")
+            .running
+            .iter()
+            .map(|r| match r.as_ref().map(|r| r.borrow().clone()) {
+                None | Some(ha::Role::Stopped) => Role::Down,
+                Some(ha::Role::Slave) => Role::Slave,
+                Some(ha::Role::Master { epoch, .. }) => Role::Serving { epoch },
+            })
+            .collect()
     }
 
     /// Hosts serving now, with their epochs.
@@ -59,59 +76,39 @@ impl Roles {
             })
             .collect()
     }
+
+    /// A trace line for each host whose role changed since the last call.
+    pub fn changes(&self) -> Vec<String> {
+        let now = self.get();
+        let mut hosts = self.0.lock().expect("roles");
+        let mut lines = Vec::new();
+        for (host, (was, is)) in hosts.traced.iter().zip(&now).enumerate() {
+            if was != is {
+                lines.push(format!("broker{host} {is:?}"));
+            }
+        }
+        hosts.traced = now;
+        lines
+    }
 }
 
-/// Runs host `store.host` until its host is crashed: slave, master, slave again. Returns an
-/// error only for what retrying cannot fix (as `run_shared`).
+/// Runs host `store.host` until the host is crashed. Returns an error only for what retrying
+/// cannot fix (as `run_shared`).
 pub async fn serve_shared(
     config: Config,
     store: SimSharedStore,
     clock: SimClock,
     roles: Roles,
-    trace: impl Fn(String),
 ) -> Result<(), ServerError> {
     let host = store.host;
-    loop {
-        roles.set(host, Role::Slave);
-        let Mastership {
-            epoch,
-            log,
-            store_id,
-            lost,
-            hold,
-        } = store.acquire().await?;
-        trace(format!("broker{host} took the lease: epoch {epoch}"));
-        let env = Env {
-            network: Arc::new(SimNetwork),
-            clock: Arc::new(clock.clone()),
-            log,
-            store_id,
-            lost: Some(lost),
-        };
-        let server = match Server::start_with(config.clone(), env).await {
-            Ok(server) => server,
-            Err(e @ (ServerError::Config(_) | ServerError::Bind { .. })) => return Err(e),
-            Err(e) => {
-                drop(hold);
-                trace(format!(
-                    "broker{host} could not start as master of epoch {epoch}: {e}"
-                ));
-                tokio::time::sleep(Duration::from_millis(STEP_DOWN_PAUSE_MS)).await;
-                continue;
-            }
-        };
-        roles.set(host, Role::Serving { epoch });
-        trace(format!("broker{host} serving as master of epoch {epoch}"));
-        let result = server.wait().await;
-        roles.set(host, Role::Slave);
-        drop(hold);
-        match result {
-            // Nothing in the simulation stops a broker in order.
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                trace(format!("broker{host} stepped down from epoch {epoch}: {e}"));
-                tokio::time::sleep(Duration::from_millis(STEP_DOWN_PAUSE_MS)).await;
-            }
-        }
-    }
+    // Nothing in the simulation stops a broker in order; the sender lives as long as the loop,
+    // so the loop never sees it gone.
+    let (_stop_tx, stop) = watch::channel(false);
+    let (role_tx, role_rx) = watch::channel(ha::Role::Slave);
+    roles.running(host, role_rx);
+    let edges = Edges {
+        network: Arc::new(SimNetwork),
+        clock: Arc::new(clock),
+    };
+    ha::run_shared_with(config, Arc::new(store), stop, role_tx, edges).await
 }
