@@ -56,7 +56,12 @@ pub async fn step_back<C: RaftTypeConfig>(
         } else if state == ServerState::Candidate && stood_in != Some(term) {
             if stood_in.is_some() && may_stand() {
                 let pause_ms = C::AsyncRuntime::thread_rng().gen_range(0..pause_max_ms);
-                tracing::debug!(term, pause_ms, "split vote: not standing again for a while");
+                tracing::info!(
+                    term,
+                    pause_ms,
+                    "standing again with no leader elected (a split vote): not standing on this \
+                     member's timer for a while, still voting"
+                );
                 raft.runtime_config().elect(false);
                 tokio::time::sleep(Duration::from_millis(pause_ms)).await;
                 if may_stand() {
