@@ -178,6 +178,31 @@ fn an_unfenced_store_is_caught_storing_a_deposed_masters_records() {
     panic!("no unfenced run stored a stale record (seeds {tried:?})");
 }
 
+/// A sweep reruns each failing seed in a fresh process, where it will be replayed, and says
+/// whether it fails there too (a run that is not its process's first can differ; see
+/// RELIABILITY.md). Seed 3 fails unfenced in any process.
+#[test]
+fn a_sweep_reruns_its_failures_in_a_fresh_process() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haven-sim"))
+        .args([
+            "--first",
+            "2",
+            "--seeds",
+            "2",
+            "--mode",
+            "shared-store",
+            "--unfenced",
+        ])
+        .output()
+        .expect("run haven-sim");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("failed: --seed 3 --mode shared-store (fails again in a fresh process)"),
+        "{text}"
+    );
+}
+
 /// Found by the first shared-store sweep (seeds 1000-1199): 4 receipted messages of the
 /// pipelined producer (p1-365..368) were never delivered. The fault was the disk model's: the
 /// master of epoch 2 was paused with those SENDs appended but unsynced; the next master's

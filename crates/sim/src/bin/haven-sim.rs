@@ -121,12 +121,40 @@ fn main() -> ExitCode {
         failed.len()
     );
     for (seed, mode) in &failed {
-        println!("  failed: --seed {seed} --mode {mode}");
+        println!(
+            "  failed: --seed {seed} --mode {mode}{}",
+            replays_alone(*seed, *mode, runs, &args)
+        );
     }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Whether a seed that failed in a sweep fails again in a fresh process, which is how it will
+/// be replayed: a run that is not the first of its process can differ from that one by a few
+/// simulated milliseconds (docs/RELIABILITY.md), enough to change whether it fails. Empty when
+/// the run was its process's only one.
+fn replays_alone(seed: u64, mode: Mode, runs: u64, args: &Args) -> String {
+    if runs == 1 {
+        return String::new();
+    }
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("own path"));
+    cmd.args(["--seed", &seed.to_string(), "--mode", &mode.to_string()]);
+    if let Some(m) = args.messages {
+        cmd.args(["--messages", &m.to_string()]);
+    }
+    if args.unfenced {
+        cmd.arg("--unfenced");
+    }
+    match cmd.output() {
+        Ok(out) if !out.status.success() => " (fails again in a fresh process)".into(),
+        Ok(_) => {
+            " (passes in a fresh process: the sweep's run differed; see RELIABILITY.md)".into()
+        }
+        Err(e) => format!(" (could not rerun it in a fresh process: {e})"),
     }
 }
 
