@@ -3,7 +3,8 @@
 //! aborts on the same panic instead: it is a broken invariant of the code under test, and the
 //! run reports it rather than surviving it.
 //!
-//! The simulation runs on one thread, so a thread's record is the run's.
+//! Both simulations (the brokers' and the Raft one, `raft.rs`) run on one thread, so a
+//! thread's record is the run's.
 
 use std::cell::RefCell;
 use std::panic;

@@ -731,7 +731,16 @@ pub fn elect_from_a_standing_start(seed: u64, members: u64, model: Model) -> Opt
 /// One seeded run; with `lossy_log`, a crash loses the member's unapplied log entries (a
 /// broken store: the invariants must catch it).
 pub fn run_raft_with(seed: u64, lossy_log: bool, model: Model) -> RaftOutcome {
-    runtime(seed, model).block_on(run_async(seed, lossy_log, model))
+    // A task that panics (openraft's core, a member's store) ends quietly inside tokio; the
+    // run reports it, as a release build would abort on it.
+    crate::panics::watch();
+    let mut outcome = runtime(seed, model).block_on(run_async(seed, lossy_log, model));
+    for p in crate::panics::seen() {
+        outcome
+            .violations
+            .push(format!("a simulated task panicked: {p}"));
+    }
+    outcome
 }
 
 /// A run's runtime: one thread on tokio's paused clock, with this thread's timing seeded. The

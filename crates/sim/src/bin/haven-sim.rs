@@ -160,15 +160,15 @@ fn replays_alone(seed: u64, mode: Mode, runs: u64, args: &Args) -> String {
 
 fn run_raft_seeds(args: &Args) -> ExitCode {
     let mut failed = Vec::new();
+    let model = Model {
+        clock: if args.exact_clock {
+            Clock::Exact
+        } else {
+            Clock::Real
+        },
+        step_back: !args.no_step_back,
+    };
     for seed in args.first..args.first + args.seeds {
-        let model = Model {
-            clock: if args.exact_clock {
-                Clock::Exact
-            } else {
-                Clock::Real
-            },
-            step_back: !args.no_step_back,
-        };
         let outcome = haven_sim::raft::run_raft_with(seed, args.lossy_log, model);
         println!("{outcome}");
         if !outcome.ok() {
