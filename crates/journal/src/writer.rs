@@ -379,13 +379,22 @@ impl Writer {
             let mut segments = self.shared.segments.lock().unwrap();
             let last = segments.last_mut().expect("active segment listed");
             assert_eq!(last.end_lsn, base_lsn);
-            last.sealed = true;
-            segments.push(SegmentInfo {
+            let new = SegmentInfo {
                 base_lsn,
                 end_lsn: base_lsn,
                 bytes: SEGMENT_HEADER_BYTES,
                 sealed: false,
-            });
+            };
+            if last.base_lsn == base_lsn {
+                // The active segment held no record (the first did not fit: one larger than
+                // a new journal's short first segment). The new one has its name, so the
+                // rename replaced its file; it replaces it in the list too, or a release
+                // would delete the empty one's name, which is now the active segment.
+                *last = new;
+            } else {
+                last.sealed = true;
+                segments.push(new);
+            }
         }
         info!(segment = %segment.path.display(), "journal: rolled over to a new segment");
         self.active = segment;

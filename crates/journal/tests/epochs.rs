@@ -139,17 +139,6 @@ fn the_fence_stops_the_writer_before_its_next_write() {
     j.close().unwrap();
 }
 
-fn wait_durable(j: &haven_journal::Journal, lsn: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while j.durable_lsn() != Ok(lsn) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "LSN {lsn} never durable"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-}
-
 #[test]
 fn a_takeover_during_the_sync_means_the_batch_is_never_reported_durable() {
     use std::sync::atomic::AtomicU32;

@@ -81,3 +81,36 @@ fn a_record_larger_than_the_first_segment_goes_to_the_next() {
     );
     j.close().unwrap();
 }
+
+/// The very first record too large for the first segment: the writer rolls over from a
+/// segment that holds nothing to one with the same base LSN, hence the same file name, which
+/// replaces it. Before the fix the empty one stayed listed as sealed, so the first release
+/// deleted the new active segment's file: a broker whose first message was over 4 MiB
+/// crashed ("never delete the active segment") about two seconds later.
+#[test]
+fn a_first_record_larger_than_the_first_segment_replaces_the_empty_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), SEGMENT_BYTES);
+    let big = FIRST_SEGMENT_BYTES_MAX as usize + 1000;
+    let (mut j, _) = open(&cfg).unwrap();
+    assert_eq!(j.append(&payload(1, big)), 1);
+    append_until(&mut j, 3, 100);
+    wait_durable(&j, 2);
+    let segments = j.segments();
+    assert_eq!(
+        segments.len(),
+        1,
+        "one segment, not an empty one before it: {segments:?}"
+    );
+    assert!(!segments[0].sealed);
+    assert_eq!(file_sizes(dir.path()), vec![SEGMENT_BYTES]);
+    // Nothing sealed, so nothing to release, whatever is no longer needed.
+    assert_eq!(j.release_before(3), 0);
+    append_until(&mut j, 4, 100);
+    j.close().unwrap();
+    let (j, records) = open(&cfg).unwrap();
+    let lsns: Vec<_> = records.iter().map(|r| r.0).collect();
+    assert_eq!(lsns, vec![1, 2, 3]);
+    assert_eq!(records[0].1, payload(1, big));
+    j.close().unwrap();
+}

@@ -95,3 +95,15 @@ pub fn expect_corrupt(result: Opened) -> (PathBuf, u64, String) {
         Ok(_) => panic!("expected Corrupt, open succeeded"),
     }
 }
+
+/// Waits until `lsn` is the journal's durable LSN (30 s at most: a hang, not a speed bound).
+pub fn wait_durable(j: &Journal, lsn: Lsn) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while j.durable_lsn() != Ok(lsn) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "LSN {lsn} never durable"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
