@@ -15,7 +15,7 @@ use crate::error::ServerError;
 use crate::send_window::{send_body_bytes, SendCredit};
 use haven_engine::hash::IdMap;
 use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
-use haven_journal::{JournalFailure, Lsn};
+use haven_journal::{JournalFailure, Lsn, SegmentInfo};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +78,13 @@ const COMMANDS_PER_BATCH_MAX: usize = 4096;
 
 /// How often delayed redeliveries are checked for being due: the delay's resolution.
 const REDELIVERY_TICK_MS: u64 = 20;
+
+/// How often a busy core looks for journal segments to delete between maintenance rounds.
+/// A deletion takes two looks (a checkpoint record, then the deletion once it is durable), and
+/// at 100 ms a segment is released well within the time the next one takes to fill (a busy
+/// broker fills 64 MiB in about 250 ms), so the writer recycles it instead of zero-filling a
+/// new one. A look that finds nothing to do costs a lock and a short list.
+const SEGMENT_RELEASE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Unsynced records that nothing waits for, beyond which they are synced anyway.
 const LAZY_RECORDS_MAX: u64 = 1_000;
@@ -307,6 +314,12 @@ impl Core {
         redelivery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut lost = self.lost.take();
         let mut spell = crate::idle::IdleSpell::default();
+        // The select below is biased toward work: under sustained load the tick's branch is
+        // never reached (measured: one segment deletion in 3 s of scenario (c), so every new
+        // segment was zero-filled and disk limits went unchecked). These deadlines are checked
+        // after every turn instead; the tick only wakes an idle core.
+        let mut maintenance_due = Instant::now() + maintenance;
+        let mut release_due = Instant::now() + SEGMENT_RELEASE_INTERVAL;
         let result = loop {
             tokio::select! {
                 biased;
@@ -347,6 +360,7 @@ impl Core {
                 _ = tick.tick() => {
                     let spell_began = spell.tick();
                     self.maintain();
+                    maintenance_due = Instant::now() + maintenance;
                     // Bounds how long a lazy record waits for a sync.
                     self.journal.flush();
                     if spell.is_quiet() {
@@ -360,6 +374,16 @@ impl Core {
                     }
                 }
                 _ = stop.changed() => break Ok(()),
+            }
+            let now = Instant::now();
+            if now >= maintenance_due {
+                self.maintain();
+                self.journal.flush();
+                maintenance_due = now + maintenance;
+                release_due = now + SEGMENT_RELEASE_INTERVAL;
+            } else if now >= release_due || self.checkpoint.is_some_and(|cp| self.durable >= cp) {
+                self.release_segments_now();
+                release_due = now + SEGMENT_RELEASE_INTERVAL;
             }
             if !self.parked.is_empty() {
                 self.retry_parked();
@@ -808,6 +832,46 @@ impl Core {
         let ctx = self.ctx();
         self.engine.tick(ctx, &mut self.out);
         self.absorb();
+        self.release_segments(&segments);
+        let sealed: Vec<_> = segments.iter().filter(|s| s.sealed).collect();
+        if let Some(oldest) = sealed.first() {
+            let records = oldest.end_lsn - oldest.base_lsn;
+            let live = self.engine.live_count_in(oldest.base_lsn, oldest.end_lsn) as u64;
+            // Compact only when most of the segment is garbage: copying is cheap then.
+            if live > 0 && live * 4 < records {
+                let ctx = self.ctx();
+                let n = self.engine.relocate_below(
+                    oldest.end_lsn,
+                    self.limits.compaction_records_max,
+                    ctx,
+                    &mut self.out,
+                );
+                self.absorb();
+                tracing::debug!(
+                    n,
+                    segment = oldest.base_lsn,
+                    "compacted live records out of a sparse segment"
+                );
+            }
+        }
+    }
+
+    /// Between maintenance rounds: the part of [`Core::maintain`] that frees disk. A busy
+    /// broker fills a 64 MiB segment every quarter of a second or so; released promptly, a
+    /// segment is recycled as the next spare instead of a new one being zero-filled
+    /// (measured before: half of what a busy broker wrote to disk was zeros).
+    fn release_segments_now(&mut self) {
+        // As in `maintain`: every appended record goes to the writer before any deletion.
+        self.journal.flush();
+        let segments = self.journal.segments();
+        self.release_segments(&segments);
+    }
+
+    /// Deletes the segments nothing live needs, in two steps so that message numbering
+    /// survives: first a checkpoint record (where numbering stands), then, once it is durable,
+    /// the deletion of every segment wholly below both it and the oldest live record.
+    /// The caller has flushed the journal.
+    fn release_segments(&mut self, segments: &[SegmentInfo]) {
         let next = self.journal.next_lsn();
         let min_live = self.engine.min_live_lsn().unwrap_or(next);
         if let Some(cp) = self.checkpoint {
@@ -829,27 +893,6 @@ impl Core {
             }
             .encode(&mut self.buf);
             self.checkpoint = Some(self.journal.append(&self.buf));
-        }
-        let sealed: Vec<_> = segments.iter().filter(|s| s.sealed).collect();
-        if let Some(oldest) = sealed.first() {
-            let records = oldest.end_lsn - oldest.base_lsn;
-            let live = self.engine.live_count_in(oldest.base_lsn, oldest.end_lsn) as u64;
-            // Compact only when most of the segment is garbage: copying is cheap then.
-            if live > 0 && live * 4 < records {
-                let ctx = self.ctx();
-                let n = self.engine.relocate_below(
-                    oldest.end_lsn,
-                    self.limits.compaction_records_max,
-                    ctx,
-                    &mut self.out,
-                );
-                self.absorb();
-                tracing::debug!(
-                    n,
-                    segment = oldest.base_lsn,
-                    "compacted live records out of a sparse segment"
-                );
-            }
         }
     }
 }
@@ -935,6 +978,117 @@ mod tests {
             }));
             sync(core);
         }
+    }
+
+    /// Segment files on disk in `dir`.
+    fn segment_files(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".seg")
+            })
+            .count()
+    }
+
+    /// A core that is never idle never reaches its tick's branch (the select is biased toward
+    /// work). Its maintenance interval here is an hour, so only the deadlines checked after
+    /// every turn can delete anything: before them, every segment of this run stayed on disk.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_busy_core_deletes_acknowledged_segments_without_waiting_for_its_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, journal) = open(dir.path());
+        let limits = CoreLimits {
+            compaction_records_max: 1000,
+            producer_wait_ms_max: 30_000,
+            disk_bytes_max: 0,
+            disk_free_bytes_min: 0,
+            memory_bytes_max: u64::MAX,
+        };
+        let core = Core::new(
+            engine,
+            journal,
+            limits,
+            Arc::new(crate::clock::SystemClock),
+            None,
+        );
+        let (core_tx, core_rx) = mpsc::channel(64);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let running = tokio::spawn(core.run(core_rx, stop_rx, Duration::from_secs(3600)));
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (reply, _) = oneshot::channel();
+        let connect = CoreMsg::Connect {
+            conn: 1,
+            client_id: None,
+            producer: None,
+            session: 0,
+            outbound: out_tx,
+            reply,
+        };
+        core_tx.send(connect).await.unwrap();
+        let subscribe = Command::Subscribe {
+            conn: 1,
+            sub_id: "f".into(),
+            destination: Destination::Queue("F".into()),
+            ack: AckMode::Auto,
+            prefetch: 1000,
+            durable_name: None,
+            options: Default::default(),
+            receipt: None,
+        };
+        core_tx.send(CoreMsg::Command(subscribe)).await.unwrap();
+        // 900-byte messages in 4 KiB segments: a new segment every few messages, each
+        // message consumed (auto-ack) as it arrives.
+        let (mut sent, mut most_files) = (0u64, 0);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while sent < 200 || segment_files(dir.path()) > 8 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{sent} messages sent and consumed, {} segments still on disk",
+                segment_files(dir.path())
+            );
+            let send = Command::Send {
+                conn: 1,
+                destination: Destination::Queue("F".into()),
+                message: NewMessage {
+                    headers: Default::default(),
+                    body: vec![b'x'; 900].into(),
+                    persistent: true,
+                    priority: 4,
+                    expires_ms: 0,
+                },
+                transaction: None,
+                receipt: Some(format!("r{sent}")),
+                producer: None,
+            };
+            core_tx.send(CoreMsg::Command(send)).await.unwrap();
+            sent += 1;
+            // Its delivery and RECEIPT: the core turned at least once more.
+            let mut receipted = false;
+            while !receipted {
+                match out_rx.recv().await.expect("the core answers") {
+                    Outbound::Receipt(_) => receipted = true,
+                    Outbound::Deliver(d) => {
+                        // What a connection does for an auto-acknowledged delivery.
+                        let credit = Command::Credit {
+                            conn: 1,
+                            sub_id: d.sub_id,
+                            up_to_tag: d.ack_tag,
+                        };
+                        core_tx.send(CoreMsg::Command(credit)).await.unwrap();
+                    }
+                    _ => {}
+                }
+            }
+            most_files = most_files.max(segment_files(dir.path()));
+        }
+        assert!(sent < 10_000, "took {sent} messages to delete segments");
+        stop_tx.send(true).unwrap();
+        running.await.unwrap().unwrap();
+        println!("{sent} messages; at most {most_files} segment files at once");
     }
 
     #[tokio::test(flavor = "multi_thread")]
