@@ -116,3 +116,73 @@ async fn a_client_that_beats_stays_connected() {
     c.closed().await;
     broker.stop().await;
 }
+
+/// A client that only sends still gets the broker's heart-beats. The connection's select is
+/// biased toward reading and the beat is a later branch, as the core's timers were, and those
+/// were starved under sustained load (`core.rs`, `run`). Here the beat's branch is still
+/// reached while a producer streams SENDs without receipts (measured: 29–30 beats of the 30
+/// due in 3 s, about 1.6 million SENDs): the socket runs dry between the client's writes.
+/// Were it starved, a client that expects beats would drop a healthy broker for silence.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_only_sends_still_gets_heart_beats() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const FLOOD_MS: u64 = 3_000;
+    let broker = broker().await;
+    let stream = tokio::net::TcpStream::connect(broker.addr()).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    wr.write_all(b"CONNECT\naccept-version:1.2\nhost:/\nheart-beat:0,100\n\n\0")
+        .await
+        .unwrap();
+    // CONNECTED, up to its NUL.
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !got.contains(&0) {
+        let n = tokio::time::timeout(WAIT, rd.read(&mut chunk))
+            .await
+            .expect("CONNECTED within the wait")
+            .unwrap();
+        assert!(n > 0, "closed before CONNECTED");
+        got.extend_from_slice(&chunk[..n]);
+    }
+    assert!(got.starts_with(b"CONNECTED\n"), "{got:?}");
+    let after_connected = got.split(|&b| b == 0).nth(1).unwrap_or_default().to_vec();
+    // Non-persistent SENDs to a topic nobody subscribes to, many per write, without receipts.
+    let mut sends = Vec::new();
+    for _ in 0..64 {
+        sends.extend_from_slice(b"SEND\ndestination:/topic/hb.flood\npersistent:false\n\n");
+        sends.extend_from_slice(&[b'x'; 1000]);
+        sends.push(0);
+    }
+    let flood = tokio::spawn(async move {
+        let until = Instant::now() + Duration::from_millis(FLOOD_MS);
+        let mut frames = 0u64;
+        while Instant::now() < until {
+            wr.write_all(&sends).await.expect("the broker reads");
+            frames += 64;
+        }
+        (wr, frames)
+    });
+    // Only heart-beats may come back: no RECEIPT was asked for, and nothing is subscribed.
+    let mut beats = after_connected.iter().filter(|&&b| b == b'\n').count();
+    while !flood.is_finished() {
+        if let Ok(n) = tokio::time::timeout(Duration::from_millis(50), rd.read(&mut chunk)).await {
+            let n = n.unwrap();
+            assert!(n > 0, "the broker closed the connection");
+            assert!(
+                chunk[..n].iter().all(|&b| b == b'\n'),
+                "only heart-beats: {:?}",
+                String::from_utf8_lossy(&chunk[..n])
+            );
+            beats += n;
+        }
+    }
+    let (_wr, frames) = flood.await.unwrap();
+    eprintln!("{beats} heart-beats in {FLOOD_MS} ms of {frames} SENDs");
+    // A beat is due every 100 ms: 30 in the flood. A fifth of them is far from a hang.
+    let due = FLOOD_MS / BEAT_MS;
+    assert!(
+        beats as u64 >= due / 5,
+        "{beats} heart-beats in {FLOOD_MS} ms of {frames} SENDs; {due} were due"
+    );
+    broker.stop().await;
+}
