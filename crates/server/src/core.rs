@@ -972,6 +972,20 @@ mod tests {
         sync(core);
     }
 
+    /// Connection 1's auto-ack subscription to /queue/F, which `filler` fills.
+    fn subscribe_f() -> Command {
+        Command::Subscribe {
+            conn: 1,
+            sub_id: "f".into(),
+            destination: Destination::Queue("F".into()),
+            ack: AckMode::Auto,
+            prefetch: 1000,
+            durable_name: None,
+            options: Default::default(),
+            receipt: None,
+        }
+    }
+
     /// Filler: persistent messages to /queue/F, consumed at once by an auto-ack subscriber.
     fn filler(core: &mut Core, n: usize) {
         for _ in 0..n {
@@ -1034,17 +1048,7 @@ mod tests {
             reply,
         };
         core_tx.send(connect).await.unwrap();
-        let subscribe = Command::Subscribe {
-            conn: 1,
-            sub_id: "f".into(),
-            destination: Destination::Queue("F".into()),
-            ack: AckMode::Auto,
-            prefetch: 1000,
-            durable_name: None,
-            options: Default::default(),
-            receipt: None,
-        };
-        core_tx.send(CoreMsg::Command(subscribe)).await.unwrap();
+        core_tx.send(CoreMsg::Command(subscribe_f())).await.unwrap();
         // 900-byte messages in 4 KiB segments: a new segment every few messages, each
         // message consumed (auto-ack) as it arrives.
         let (mut sent, mut most_files) = (0u64, 0);
@@ -1120,16 +1124,7 @@ mod tests {
                 outbound: tx,
                 reply: rtx,
             });
-            core.on_msg(CoreMsg::Command(Command::Subscribe {
-                conn: 1,
-                sub_id: "f".into(),
-                destination: Destination::Queue("F".into()),
-                ack: AckMode::Auto,
-                prefetch: 1000,
-                durable_name: None,
-                options: Default::default(),
-                receipt: None,
-            }));
+            core.on_msg(CoreMsg::Command(subscribe_f()));
             filler(&mut core, 8); // a few dead segments
             send(&mut core, "A", 10); // M: the message that must survive
             filler(&mut core, 8); // M's segment gets sealed
