@@ -90,6 +90,12 @@ pub struct BenchArgs {
     /// Send for this many seconds (after warm-up) instead of a count.
     #[arg(long)]
     pub duration_s: Option<f64>,
+    /// Offered load: all producers together send at most this many messages per second
+    /// (warm-up included), each its share, evenly paced. Unset: as fast as the receipt window
+    /// lets them. With a rate the run measures whether the broker keeps up with it (compare
+    /// msg/s with the rate) instead of how fast it goes when overloaded.
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Destination to send to and subscribe on.
     #[arg(long, default_value = "/queue/bench")]
     pub destination: String,
@@ -287,6 +293,9 @@ async fn run_load(args: BenchArgs) -> Result<()> {
                 receipt_timeout: Duration::from_secs(args.receipt_timeout_s),
                 extra_headers: args.send_headers.clone(),
                 sent_counter: sent_counter.clone(),
+                interval: args
+                    .rate
+                    .map(|r| Duration::from_secs_f64(f64::from(args.producers) / r)),
             };
             Some(tokio::spawn(producer::run(plan)))
         })
@@ -394,6 +403,12 @@ fn validate(args: &BenchArgs) -> Result<()> {
     }
     if args.duration_s.is_some_and(|s| !(s > 0.0 && s.is_finite())) {
         return bad("--duration-s must be positive");
+    }
+    if args
+        .rate
+        .is_some_and(|r| !(r.is_finite() && r >= f64::from(args.producers) / 3600.0))
+    {
+        return bad("--rate must be positive (and at least one message per producer per hour)");
     }
     if args.receipt_window == 0 || args.receipt_window > 1 << 20 {
         return bad("--receipt-window must be 1..=1048576");

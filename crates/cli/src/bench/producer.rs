@@ -47,6 +47,8 @@ pub struct ProducerPlan {
     pub extra_headers: Vec<(String, String)>,
     /// Messages sent so far, for the progress bar.
     pub sent_counter: Arc<AtomicU64>,
+    /// `--rate`: message `seq` goes out no earlier than `seq * interval` after the first.
+    pub interval: Option<Duration>,
 }
 
 pub struct ProducerReport {
@@ -79,8 +81,22 @@ pub async fn run(plan: ProducerPlan) -> Result<ProducerReport> {
     let mut deadline = None;
     let mut receipts_asked: u64 = 0;
     let persistent = if plan.persistent { "true" } else { "false" };
+    let paced_from = Instant::now();
     let send_result: Result<()> = async {
         loop {
+            if let Some(interval) = plan.interval {
+                // Due times, not sleeps between sends: a late wake-up (the timer's resolution
+                // is a millisecond) sends what fell due meanwhile at once, so the average rate
+                // holds and nothing is sent ahead of its time.
+                let due = paced_from + interval.mul_f64(seq as f64);
+                if Instant::now() < due {
+                    if !buf.is_empty() {
+                        writer.write_all(&buf).await?;
+                        buf.clear();
+                    }
+                    tokio::time::sleep_until(due.into()).await;
+                }
+            }
             let now = Instant::now();
             if seq == plan.warmup {
                 measure_start = now;

@@ -132,6 +132,7 @@ impl LoadOutcome {
                 "ack": args.ack.header_value(),
                 "queues": args.queues,
                 "prefetch": args.prefetch,
+                "rate": args.rate,
                 "warmup": args.warmup,
                 "sent": self.sent,
                 "receipts": self.receipts,
@@ -166,6 +167,9 @@ impl LoadOutcome {
             args.queues,
             args.label.as_deref().map(|l| format!(" [{l}]")).unwrap_or_default(),
         );
+        if let Some(rate) = args.rate {
+            println!("offered   {rate:>10.0} msg/s (--rate)");
+        }
         println!(
             "sent      {:>10} msgs in {:>7.2} s = {:>10.0} msg/s",
             self.send_measured,
