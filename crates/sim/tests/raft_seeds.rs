@@ -66,13 +66,33 @@ fn raft_invariants_hold_on_the_seeds_that_once_failed() {
     }
 }
 
+/// The floor on acknowledged writes applies to the random seeds together, not to each: a
+/// seed's faults may keep a majority down for nearly the whole run. Seed
+/// 11933045663016830210 had two or three of its three members down for most of its 20 s (it
+/// crashes more often than it restarts) and acknowledged 49 writes; 2 of seeds 1-300 stay
+/// under 200, so a per-seed floor failed about one CI run in fifty while every invariant held.
 #[test]
 fn raft_invariants_hold_on_random_seeds() {
+    let mut acknowledged = 0;
     for _ in 0..RANDOM_SEEDS {
         let seed = rand::random::<u64>();
         println!("random seed {seed} (rerun: haven-sim --raft --first {seed} --seeds 1)");
-        check(&run_raft(seed));
+        let outcome = run_raft(seed);
+        println!("{outcome}");
+        assert!(outcome.ok(), "{outcome}");
+        acknowledged += outcome.acknowledged;
     }
+    assert!(
+        acknowledged > 200,
+        "too few writes over {RANDOM_SEEDS} random seeds ({acknowledged}): the runs tested nothing"
+    );
+}
+
+/// The seed that once failed the per-seed floor: every invariant holds, with few writes.
+#[test]
+fn a_seed_whose_majority_is_down_most_of_the_run_still_holds_the_invariants() {
+    let outcome = run_raft(11933045663016830210);
+    assert!(outcome.ok(), "{outcome}");
 }
 
 /// The invariants can fail: members whose logs lose unapplied entries at a crash (a store that
