@@ -2581,11 +2581,17 @@ impl Engine {
     }
 
     /// Compaction: re-logs up to `max` live objects described below `lsn`, so the segments
-    /// there can be deleted. Returns how many were re-logged.
+    /// there can be deleted, and stops once the messages re-logged reach `message_bytes_max`
+    /// (the next call goes on from there). Returns how many were re-logged.
+    ///
+    /// The byte bound is what keeps one call's records (and the paged-out messages it reads
+    /// back to re-log them) small: counted in records alone, a sparse segment of 64 KiB
+    /// messages had tens of megabytes re-logged at once, outside every other memory bound.
     pub fn relocate_below(
         &mut self,
         lsn_limit: u64,
         max: usize,
+        message_bytes_max: u64,
         ctx: Ctx,
         out: &mut Vec<Output>,
     ) -> usize {
@@ -2597,22 +2603,29 @@ impl Engine {
             let cold = self.cold_below(lsn_limit, room);
             objects.extend(cold.into_iter().map(|(l, s)| (l, LiveObject::Message(s))));
         }
-        let n = objects.len();
+        let mut n = 0;
+        let mut message_bytes = 0u64;
         for (lsn, object) in objects {
+            if message_bytes >= message_bytes_max {
+                break;
+            }
+            n += 1;
             match object {
                 LiveObject::Queue(name) => {
                     let lsn = self.log(Record::DeclareQueue { name: name.clone() });
                     self.apply_declare_queue(name, lsn);
                 }
                 LiveObject::Message(seq) if self.schedules.contains_key(&seq) => {
+                    message_bytes += self.schedules[&seq].msg.size_bytes() as u64;
                     self.relocate_schedule(seq);
                 }
                 LiveObject::Message(seq) if !self.stored.contains_key(&seq) => {
-                    self.relocate_paged(seq, lsn);
+                    message_bytes += self.relocate_paged(seq, lsn);
                 }
                 LiveObject::Message(seq) => {
                     let stored = &self.stored[&seq];
                     let (msg, holders) = (stored.msg.clone(), stored.holders.clone());
+                    message_bytes += msg.size_bytes() as u64;
                     // No producer: a re-log must not move the producer's mark back.
                     let lsn = self.log(Record::Store {
                         message: msg.clone(),

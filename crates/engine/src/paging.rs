@@ -503,7 +503,9 @@ impl Engine {
 
     /// Compaction of a paged message: read it back, re-log it, keep it in the tail until the
     /// new record is durable.
-    pub(super) fn relocate_paged(&mut self, seq: u64, old_lsn: u64) {
+    /// Re-logs paged-out (or spilled) message `seq`, described at `old_lsn`; returns its size
+    /// in bytes.
+    pub(super) fn relocate_paged(&mut self, seq: u64, old_lsn: u64) -> u64 {
         // A non-persistent message copied into several queues has one spill record in each:
         // find the copy this record describes.
         let at = |q: &QueueId| {
@@ -524,6 +526,7 @@ impl Engine {
             // A spilled message still in memory: write it again.
             assert_eq!(t.spill_lsn, Some(old_lsn));
             let message = t.entry.msg.clone();
+            let bytes = message.size_bytes() as u64;
             let lsn = self.log(crate::record::Record::Spill { message });
             self.live.remove(old_lsn, &LiveObject::Message(seq));
             self.live.insert(lsn, LiveObject::Message(seq));
@@ -532,7 +535,7 @@ impl Engine {
                 .get_mut(&seq)
                 .expect("present")
                 .spill_lsn = Some(lsn);
-            return;
+            return bytes;
         }
         let cref = *self.queue(q).cold.get(seq).expect("found there");
         assert_eq!(cref.lsn, old_lsn);
@@ -541,9 +544,10 @@ impl Engine {
             Ok(m) => m,
             Err(e) => {
                 self.fatal = Some(format!("compacting paged-out message {seq}: {e}"));
-                return;
+                return 0;
             }
         };
+        let bytes = msg.size_bytes() as u64;
         // Written again and left paged out, pointing at the new record (not read back until
         // that record is durable: see `page_in`).
         let lsn = if cref.spilled {
@@ -557,6 +561,7 @@ impl Engine {
             })
         };
         self.queue_mut(q).cold.set_lsn(seq, lsn);
+        bytes
     }
 
     /// Replay: a persistent message newly held by `q` alone goes straight to the log-only

@@ -493,7 +493,9 @@ fn compaction_relogs_live_state_so_old_records_can_go() {
     let limit = h.next_lsn;
     let mut out = Vec::new();
     let ctx = h.ctx();
-    let n = h.engine.relocate_below(limit, 1000, ctx, &mut out);
+    let n = h
+        .engine
+        .relocate_below(limit, 1000, u64::MAX, ctx, &mut out);
     assert_eq!(n, 3, "the durable subscription, its message and keep2");
     for o in out {
         if let Output::Log(r) = o {
@@ -504,6 +506,56 @@ fn compaction_relogs_live_state_so_old_records_can_go() {
     assert!(h.engine.min_live_lsn().unwrap() >= limit);
     h.truncate_dead_prefix();
     assert_eq!(h.log.len(), 3);
+    h.crash_and_recover();
+    assert_eq!(h.engine.durable_contents(), before);
+}
+
+/// A compaction call stops once the messages it re-logged reach its byte bound, and the next
+/// goes on from there: a sparse segment of large messages is not re-logged (and its paged-out
+/// messages not read back) all at once.
+#[test]
+fn compaction_relogs_at_most_its_bytes_per_call_and_the_next_call_goes_on() {
+    let mut h = Harness::new(cfg());
+    h.connect(1, None);
+    let body = "x".repeat(10 * 1024);
+    for _ in 0..10 {
+        h.send(1, "/queue/big", &body, true);
+    }
+    let before = h.engine.durable_contents();
+    let limit = h.next_lsn;
+    let bytes_max = 25 * 1024;
+    let mut calls = 0;
+    while h.engine.min_live_lsn().is_some_and(|l| l < limit) {
+        calls += 1;
+        assert!(calls <= 10, "compaction made no progress");
+        let mut out = Vec::new();
+        let ctx = h.ctx();
+        let n = h
+            .engine
+            .relocate_below(limit, 1000, bytes_max, ctx, &mut out);
+        assert!(
+            n > 0,
+            "a call re-logs something while anything is below the limit"
+        );
+        let mut stored = 0;
+        for o in out {
+            if let Output::Log(r) = o {
+                if matches!(r, Record::Store { .. }) {
+                    stored += 1;
+                }
+                h.log.push((h.next_lsn, r.to_bytes()));
+                h.next_lsn += 1;
+            }
+        }
+        // Three 10 KiB messages reach 25 KiB: the bound stops the call after the third.
+        assert!(stored <= 3, "{stored} messages re-logged in one call");
+        h.engine.check_invariants();
+    }
+    assert!(
+        calls >= 4,
+        "10 messages of 10 KiB took {calls} calls at 25 KiB each"
+    );
+    h.truncate_dead_prefix();
     h.crash_and_recover();
     assert_eq!(h.engine.durable_contents(), before);
 }

@@ -343,7 +343,9 @@ impl Harness {
     pub fn relocate(&mut self, lsn_limit: u64, max: usize) -> usize {
         let mut out = Vec::new();
         let ctx = self.ctx();
-        let n = self.engine.relocate_below(lsn_limit, max, ctx, &mut out);
+        let n = self
+            .engine
+            .relocate_below(lsn_limit, max, u64::MAX, ctx, &mut out);
         assert!(
             out.iter().all(|o| matches!(o, Output::Log(_))),
             "compaction only writes records"

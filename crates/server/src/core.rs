@@ -100,6 +100,13 @@ const UNSYNCED_RECORDS_MAX: u64 = 50_000;
 /// (docs/PERFORMANCE.md, "Memory with large messages").
 const UNSYNCED_BYTES_MAX: u64 = 8 * 1024 * 1024;
 
+/// Message bytes one maintenance round re-logs at most when it compacts (the next round goes
+/// on): as many as the unsynced records the core lets wait for a sync. Bounded in records
+/// alone (`journal.compaction_records_max`), a sparse segment of 64 KiB messages had 30 MiB
+/// and more re-logged at once, each paged-out one read back for it: the journal's buffer then
+/// peaked at 50 MiB (heaptrack of scenario (f), BENCHMARKS.md), outside every memory bound.
+const COMPACTION_BYTES_MAX: u64 = UNSYNCED_BYTES_MAX;
+
 /// Commands of one held-back connection queued behind its waiting SEND, beyond which its
 /// socket is no longer read (the client then blocks on TCP).
 const PARKED_COMMANDS_MAX: usize = 1_000;
@@ -849,6 +856,7 @@ impl Core {
                 let n = self.engine.relocate_below(
                     oldest.end_lsn,
                     self.limits.compaction_records_max,
+                    COMPACTION_BYTES_MAX,
                     ctx,
                     &mut self.out,
                 );
