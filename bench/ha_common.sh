@@ -1,7 +1,8 @@
-# Shared by bench/shared_fs.sh, bench/shared_db.sh and bench/replicated.sh: scenario (c) of
-# BENCHMARKS.md (4 producers / 4 consumers, 1 KiB persistent, RECEIPT every 100) against a
-# standalone broker and an HA group, same machine, same run, alternating. Source it with the
-# script's arguments ([REPS] [COUNT]). A script that starts more than brokers defines
+# Shared by bench/shared_fs.sh, bench/shared_db.sh, bench/replicated.sh, bench/network.sh and
+# bench/network_sustained.sh: scenario (c) of BENCHMARKS.md (4 producers / 4 consumers, 1 KiB
+# persistent, RECEIPT every 100) against a standalone broker and an HA group (or a network),
+# same machine, same run, alternating. Source it with the script's arguments ([REPS] [COUNT]).
+# A script that starts more than brokers defines
 # `cleanup_extra` to stop it; brokers whose pids are in PIDS are stopped on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,4 +53,17 @@ bench_standalone() {
     # cpu_s: the measured run's CPU seconds.
     echo "rep $1 standalone cpu_s $(cpu_s "${PIDS[-1]}" "$before") $line"
     kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+}
+# Starts the A -> B pair of bench/network.sh on fresh data (the caller writes $WORK/a.toml and
+# $WORK/b.toml) and waits until its bridge is up: A's pid is then ${PIDS[-1]}, B's ${PIDS[-2]}.
+start_pair() {
+    rm -rf "$WORK"/net-*
+    "$BIN" run --config "$WORK/b.toml" --data "$WORK/net-b" --stomp 127.0.0.1:17302 2>"$WORK/b.log" & PIDS+=($!)
+    wait_port 17302
+    "$BIN" run --config "$WORK/a.toml" --data "$WORK/net-a" --stomp 127.0.0.1:17301 2>"$WORK/a.log" & PIDS+=($!)
+    wait_port 17301
+    # The clock starts with the first SEND: measure forwarding, not the bridge connecting.
+    for _ in $(seq 1 100); do grep -q "bridge up" "$WORK/a.log" && break; sleep 0.05; done
+    grep -q "bridge up" "$WORK/a.log" || { echo "the bridge never came up" >&2; exit 1; }
+    settle
 }

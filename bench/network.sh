@@ -20,15 +20,7 @@ printf '[broker]\nname = "A"\n\n[[network]]\nuri = "static:(tcp://127.0.0.1:1730
     "${NETWORK_EXTRA:-}" > "$WORK/a.toml"
 for rep in $(seq 1 "$REPS"); do
     bench_standalone "$rep"
-    rm -rf "$WORK"/net-*
-    "$BIN" run --config "$WORK/b.toml" --data "$WORK/net-b" --stomp 127.0.0.1:17302 2>"$WORK/b.log" & PIDS+=($!)
-    wait_port 17302
-    "$BIN" run --config "$WORK/a.toml" --data "$WORK/net-a" --stomp 127.0.0.1:17301 2>"$WORK/a.log" & PIDS+=($!)
-    wait_port 17301
-    # The clock starts with the first SEND: measure forwarding, not the bridge connecting.
-    for _ in $(seq 1 100); do grep -q "bridge up" "$WORK/a.log" && break; sleep 0.05; done
-    grep -q "bridge up" "$WORK/a.log" || { echo "the bridge never came up" >&2; exit 1; }
-    settle
+    start_pair
     warm_up 17301 17302
     before_a=$(cpu_s "${PIDS[-1]}"); before_b=$(cpu_s "${PIDS[-2]}")
     line=$("$BIN" bench --url 127.0.0.1:17301 --consume-url 127.0.0.1:17302 --producers 4 \

@@ -87,14 +87,7 @@ for rep in $(seq 1 "$REPS"); do
     search 17101 17101 standalone
     kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 
-    rm -rf "$WORK"/net-*
-    "$BIN" run --config "$WORK/b.toml" --data "$WORK/net-b" --stomp 127.0.0.1:17302 2>"$WORK/b.log" & PIDS+=($!)
-    wait_port 17302
-    "$BIN" run --config "$WORK/a.toml" --data "$WORK/net-a" --stomp 127.0.0.1:17301 2>"$WORK/a.log" & PIDS+=($!)
-    wait_port 17301
-    for _ in $(seq 1 100); do grep -q "bridge up" "$WORK/a.log" && break; sleep 0.05; done
-    grep -q "bridge up" "$WORK/a.log" || { echo "the bridge never came up" >&2; exit 1; }
-    settle
+    start_pair
     warm_up 17301 17302
     search 17301 17302 network
     echo "  A paged in (warm-up and probes): $(grep -o 'paged_in_total=[0-9]*' "$WORK/a.log" | tail -1)"

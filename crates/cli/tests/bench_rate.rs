@@ -44,6 +44,27 @@ fn bench(args: &[&str]) -> Output {
     child.wait_with_output().expect("haven bench output")
 }
 
+/// 1,200 messages from 2 producers to 2 consumers, a RECEIPT every 10, at `rate` if given.
+fn bench_1200(url: &str, rate: Option<&str>) -> Output {
+    let mut args = vec![
+        "--url",
+        url,
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--count",
+        "1200",
+        "--receipt-every",
+        "10",
+        "--json",
+    ];
+    if let Some(rate) = rate {
+        args.extend(["--rate", rate]);
+    }
+    bench(&args)
+}
+
 fn summary(out: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_else(|| {
@@ -62,21 +83,7 @@ fn paced_producers_send_nothing_ahead_of_the_schedule_and_lose_nothing() {
     let url = broker.addr().to_string();
     // 2 producers share 2,000 msg/s: one message per millisecond each, 600 each, so the last
     // of each is due 599 ms after its first. Warm-up is paced too (it is part of the schedule).
-    let out = bench(&[
-        "--url",
-        &url,
-        "--producers",
-        "2",
-        "--consumers",
-        "2",
-        "--count",
-        "1200",
-        "--rate",
-        "2000",
-        "--receipt-every",
-        "10",
-        "--json",
-    ]);
+    let out = bench_1200(&url, Some("2000"));
     assert!(
         out.status.success(),
         "haven bench failed: {}",
@@ -94,19 +101,7 @@ fn paced_producers_send_nothing_ahead_of_the_schedule_and_lose_nothing() {
         "1,200 messages at 2,000 msg/s went out in {send_seconds} s: ahead of the schedule"
     );
     // Unpaced, the same run has no such floor; it is only checked to account the same way.
-    let out = bench(&[
-        "--url",
-        &url,
-        "--producers",
-        "2",
-        "--consumers",
-        "2",
-        "--count",
-        "1200",
-        "--receipt-every",
-        "10",
-        "--json",
-    ]);
+    let out = bench_1200(&url, None);
     assert!(out.status.success());
     let s = summary(&out);
     assert_eq!(s["rate"], Value::Null);

@@ -454,9 +454,17 @@ impl Core {
     /// answer, or a large unsynced backlog. Records nobody waits for (the removes of auto-ack
     /// deliveries) ride along with the next sync instead of costing one of their own — a
     /// crash before then redelivers those messages, which `ack:auto` allows.
+    ///
+    /// A core that stopped accepting commands until its unsynced records are synced flushes
+    /// too, whoever waits: otherwise nothing would until the next timed flush (the segment
+    /// release's, every 100 ms). Producers that ask no RECEIPT met that: 8 MiB of their
+    /// 64 KiB SENDs (fewer than `LAZY_RECORDS_MAX` records) stopped the core for up to 100 ms.
     fn kick_journal(&mut self) {
         let unsynced = self.journal.next_lsn() - 1 - self.durable;
-        if !self.gated.is_empty() || !self.gated_replies.is_empty() || unsynced >= LAZY_RECORDS_MAX
+        if !self.gated.is_empty()
+            || !self.gated_replies.is_empty()
+            || unsynced >= LAZY_RECORDS_MAX
+            || !self.accepting()
         {
             self.journal.flush();
         }
@@ -931,13 +939,17 @@ mod tests {
     }
 
     fn open(dir: &std::path::Path) -> (Engine, Box<dyn DurableLog>) {
+        open_with(dir, 4096)
+    }
+
+    fn open_with(dir: &std::path::Path, segment_bytes: u64) -> (Engine, Box<dyn DurableLog>) {
         let cfg = EngineConfig {
             redeliveries_max: 0,
             ..Default::default()
         };
         let mut engine = Engine::new(cfg);
         let mut jc = JournalConfig::new(dir);
-        jc.segment_bytes = 4096;
+        jc.segment_bytes = segment_bytes;
         let store = Box::new(crate::log::JournalStore {
             config: jc,
             faults: None,
@@ -952,7 +964,11 @@ mod tests {
 
     /// A core over `open`'s journal, with no limits that these tests reach.
     fn open_core(dir: &std::path::Path) -> Core {
-        let (engine, journal) = open(dir);
+        open_core_with(dir, 4096)
+    }
+
+    fn open_core_with(dir: &std::path::Path, segment_bytes: u64) -> Core {
+        let (engine, journal) = open_with(dir, segment_bytes);
         let limits = CoreLimits {
             compaction_records_max: 1000,
             producer_wait_ms_max: 30_000,
@@ -1112,6 +1128,59 @@ mod tests {
         stop_tx.send(true).unwrap();
         running.await.unwrap().unwrap();
         println!("{sent} messages; at most {most_files} segment files at once");
+    }
+
+    /// SENDs nobody waits for (no RECEIPT) until the core's unsynced bytes are full: the core
+    /// then takes no command until a sync, so it must ask for one itself. Without that, nothing
+    /// reached the writer here (the loop's timed flushes do not run in this test).
+    #[test]
+    fn a_core_full_of_unsynced_bytes_hands_them_to_the_writer_whoever_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        // Segments that hold 64 KiB records.
+        let mut core = open_core_with(dir.path(), 1 << 20);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (reply, _) = oneshot::channel();
+        core.on_msg(CoreMsg::Connect {
+            conn: 1,
+            client_id: None,
+            producer: None,
+            session: 0,
+            outbound: tx,
+            reply,
+        });
+        let mut sent = 0u64;
+        while core.accepting() {
+            assert!(sent < 1_000, "1,000 SENDs of 64 KiB never filled the core");
+            core.on_msg(CoreMsg::Command(Command::Send {
+                conn: 1,
+                destination: Destination::Queue("nobody-waits".into()),
+                message: NewMessage {
+                    headers: Default::default(),
+                    body: vec![b'x'; 64 * 1024].into(),
+                    persistent: true,
+                    priority: 4,
+                    expires_ms: 0,
+                },
+                transaction: None,
+                receipt: None,
+                producer: None,
+            }));
+            core.kick_journal();
+            sent += 1;
+        }
+        assert!(
+            sent < LAZY_RECORDS_MAX,
+            "the byte bound, not the record count, stopped the core"
+        );
+        let want = core.journal.next_lsn() - 1;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while core.journal.durable_lsn().unwrap() < want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{sent} SENDs stopped the core and none of them reached the disk"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]
