@@ -999,7 +999,13 @@ mod tests {
     }
 
     fn send(core: &mut Core, q: &str, body: usize) {
-        core.on_msg(CoreMsg::Command(Command::Send {
+        core.on_msg(CoreMsg::Command(send_command(q, body, Some("r"))));
+        sync(core);
+    }
+
+    /// Connection 1's persistent SEND of `body` bytes to queue `q`.
+    fn send_command(q: &str, body: usize, receipt: Option<&str>) -> Command {
+        Command::Send {
             conn: 1,
             destination: Destination::Queue(q.into()),
             message: NewMessage {
@@ -1010,10 +1016,22 @@ mod tests {
                 expires_ms: 0,
             },
             transaction: None,
-            receipt: Some("r".into()),
+            receipt: receipt.map(Into::into),
             producer: None,
-        }));
-        sync(core);
+        }
+    }
+
+    /// Connects connection 1, its effects going to `outbound`.
+    fn connect_1(outbound: mpsc::UnboundedSender<Outbound>) -> CoreMsg {
+        let (reply, _) = oneshot::channel();
+        CoreMsg::Connect {
+            conn: 1,
+            client_id: None,
+            producer: None,
+            session: 0,
+            outbound,
+            reply,
+        }
     }
 
     /// Connection 1's auto-ack subscription to /queue/F, which `filler` fills.
@@ -1068,16 +1086,7 @@ mod tests {
         let (stop_tx, stop_rx) = watch::channel(false);
         let running = tokio::spawn(core.run(core_rx, stop_rx, Duration::from_secs(3600)));
         let (out_tx, mut out_rx) = mpsc::unbounded_channel();
-        let (reply, _) = oneshot::channel();
-        let connect = CoreMsg::Connect {
-            conn: 1,
-            client_id: None,
-            producer: None,
-            session: 0,
-            outbound: out_tx,
-            reply,
-        };
-        core_tx.send(connect).await.unwrap();
+        core_tx.send(connect_1(out_tx)).await.unwrap();
         core_tx.send(CoreMsg::Command(subscribe_f())).await.unwrap();
         // 900-byte messages in 4 KiB segments: a new segment every few messages, each
         // message consumed (auto-ack) as it arrives.
@@ -1089,20 +1098,7 @@ mod tests {
                 "{sent} messages sent and consumed, {} segments still on disk",
                 segment_files(dir.path())
             );
-            let send = Command::Send {
-                conn: 1,
-                destination: Destination::Queue("F".into()),
-                message: NewMessage {
-                    headers: Default::default(),
-                    body: vec![b'x'; 900].into(),
-                    persistent: true,
-                    priority: 4,
-                    expires_ms: 0,
-                },
-                transaction: None,
-                receipt: Some(format!("r{sent}")),
-                producer: None,
-            };
+            let send = send_command("F", 900, Some(&format!("r{sent}")));
             core_tx.send(CoreMsg::Command(send)).await.unwrap();
             sent += 1;
             // Its delivery and RECEIPT: the core turned at least once more.
@@ -1139,32 +1135,15 @@ mod tests {
         // Segments that hold 64 KiB records.
         let mut core = open_core_with(dir.path(), 1 << 20);
         let (tx, _rx) = mpsc::unbounded_channel();
-        let (reply, _) = oneshot::channel();
-        core.on_msg(CoreMsg::Connect {
-            conn: 1,
-            client_id: None,
-            producer: None,
-            session: 0,
-            outbound: tx,
-            reply,
-        });
+        core.on_msg(connect_1(tx));
         let mut sent = 0u64;
         while core.accepting() {
             assert!(sent < 1_000, "1,000 SENDs of 64 KiB never filled the core");
-            core.on_msg(CoreMsg::Command(Command::Send {
-                conn: 1,
-                destination: Destination::Queue("nobody-waits".into()),
-                message: NewMessage {
-                    headers: Default::default(),
-                    body: vec![b'x'; 64 * 1024].into(),
-                    persistent: true,
-                    priority: 4,
-                    expires_ms: 0,
-                },
-                transaction: None,
-                receipt: None,
-                producer: None,
-            }));
+            core.on_msg(CoreMsg::Command(send_command(
+                "nobody-waits",
+                64 * 1024,
+                None,
+            )));
             core.kick_journal();
             sent += 1;
         }
@@ -1189,15 +1168,7 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         {
             let mut core = open_core(dir.path());
-            let (rtx, _rrx) = oneshot::channel();
-            core.on_msg(CoreMsg::Connect {
-                conn: 1,
-                client_id: None,
-                producer: None,
-                session: 0,
-                outbound: tx,
-                reply: rtx,
-            });
+            core.on_msg(connect_1(tx));
             core.on_msg(CoreMsg::Command(subscribe_f()));
             filler(&mut core, 8); // a few dead segments
             send(&mut core, "A", 10); // M: the message that must survive
