@@ -2,8 +2,8 @@
 # bench/network_sustained.sh: scenario (c) of BENCHMARKS.md (4 producers / 4 consumers, 1 KiB
 # persistent, RECEIPT every 100) against a standalone broker and an HA group (or a network),
 # same machine, same run, alternating. Source it with the script's arguments ([REPS] [COUNT]).
-# A script that starts more than brokers defines
-# `cleanup_extra` to stop it; brokers whose pids are in PIDS are stopped on exit.
+# A script that starts more than brokers defines `cleanup_extra` to stop it; brokers whose pids
+# are in PIDS are stopped on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPS="${1:-3}"
@@ -41,13 +41,18 @@ warm_up() {
 }
 # CPU seconds (user + system) process $1 has used so far, less $2 (default 0).
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" -v since="${2:-0}" '{printf "%.2f", ($14 + $15) / hz - since}' "/proc/$1/stat"; }
-# Scenario (c) on a fresh standalone broker, printed as rep $1 with the broker's CPU seconds.
-bench_standalone() {
+# Starts a standalone broker on fresh data at 127.0.0.1:17101, settled and warmed up: its pid
+# is then ${PIDS[-1]}.
+start_standalone() {
     rm -rf "$WORK/standalone"
     "$BIN" run --data "$WORK/standalone" --stomp 127.0.0.1:17101 2>"$WORK/s.log" & PIDS+=($!)
     wait_port 17101
     settle
     warm_up 17101 17101
+}
+# Scenario (c) on a fresh standalone broker, printed as rep $1 with the broker's CPU seconds.
+bench_standalone() {
+    start_standalone
     local before; before=$(cpu_s "${PIDS[-1]}")
     local line; line=$(bench 17101)
     # cpu_s: the measured run's CPU seconds.

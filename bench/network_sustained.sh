@@ -78,11 +78,7 @@ search() {
 }
 
 for rep in $(seq 1 "$REPS"); do
-    rm -rf "$WORK/standalone"
-    "$BIN" run --data "$WORK/standalone" --stomp 127.0.0.1:17101 2>"$WORK/s.log" & PIDS+=($!)
-    wait_port 17101
-    settle
-    warm_up 17101 17101
+    start_standalone
     echo "rep $rep"
     search 17101 17101 standalone
     kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true

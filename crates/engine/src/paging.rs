@@ -501,10 +501,8 @@ impl Engine {
         self.push_tail(q, entry, None);
     }
 
-    /// Compaction of a paged message: read it back, re-log it, keep it in the tail until the
-    /// new record is durable.
-    /// Re-logs paged-out (or spilled) message `seq`, described at `old_lsn`; returns its size
-    /// in bytes.
+    /// Compaction of a paged message `seq`, described at `old_lsn`: read it back, re-log it,
+    /// keep it in the tail until the new record is durable. Returns its size in bytes.
     pub(super) fn relocate_paged(&mut self, seq: u64, old_lsn: u64) -> u64 {
         // A non-persistent message copied into several queues has one spill record in each:
         // find the copy this record describes.

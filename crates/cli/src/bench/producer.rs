@@ -84,20 +84,21 @@ pub async fn run(plan: ProducerPlan) -> Result<ProducerReport> {
     let paced_from = Instant::now();
     let send_result: Result<()> = async {
         loop {
+            let mut now = Instant::now();
             if let Some(interval) = plan.interval {
                 // Due times, not sleeps between sends: a late wake-up (the timer's resolution
                 // is a millisecond) sends what fell due meanwhile at once, so the average rate
                 // holds and nothing is sent ahead of its time.
                 let due = paced_from + interval.mul_f64(seq as f64);
-                if Instant::now() < due {
+                if now < due {
                     if !buf.is_empty() {
                         writer.write_all(&buf).await?;
                         buf.clear();
                     }
                     tokio::time::sleep_until(due.into()).await;
+                    now = Instant::now();
                 }
             }
-            let now = Instant::now();
             if seq == plan.warmup {
                 measure_start = now;
                 if let Stop::Duration(d) = plan.stop {
