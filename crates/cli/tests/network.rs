@@ -19,6 +19,10 @@
 //!    killed under load; the slave takes over and the bridge follows it. Then the other way
 //!    round: the source broker is the HA group. Exactly once end to end.
 //!
+//! 7. A hub that two brokers forward to, with a small origin memory: one source's bridge is
+//!    cut (black hole, reset, `kill -9`) while the other floods the hub; the cut source's
+//!    resends are still recognised. Exactly once end to end.
+//!
 //! Every wait is bounded and fails with the brokers' logs; time is never a pass criterion.
 //! Fault schedules are random but seeded (printed; HAVEN_NETWORK_SEED replays them).
 
@@ -517,6 +521,130 @@ async fn bridge_killed_under_load_nothing_lost_or_doubled() {
         session_failures.join("; "),
         logs_of(&[&ba, &bb])
     );
+}
+
+/// A hub that two brokers forward to remembers fewer origins than usual (10,000), and one
+/// source's bridge is cut (black-holed, reset, the source killed) while the other source goes
+/// on forwarding far more than that. What the cut source had in flight is resent when its
+/// bridge comes back; the hub must still recognise it, however much the other sent meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hub_recognises_a_cut_sources_resends_while_another_source_floods_it() {
+    const CUT_QUEUE: &str = "/queue/hub-cut";
+    const BUSY_QUEUE: &str = "/queue/hub-busy";
+    const ORIGINS_MAX: usize = 10_000;
+    /// Longer than a bridge tolerates silence (heart-beats every 2 s).
+    const BLACK_HOLE_MS: u64 = 8_000;
+    const RESET_MS: u64 = 300;
+    const DOWN_MS: u64 = 500;
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b, c] = free_addrs();
+    let to_b = Proxy::start(b).unwrap();
+    let limits = format!("[limits]\nnetwork_origins_max = {ORIGINS_MAX}\n");
+    let bb = start_broker_with(dir.path(), "B", b, &limits, &[]);
+    let mut ba = start_broker(dir.path(), "A", a, &[connector(&tcp(to_b.addr()), 1, "")]);
+    let bc = start_broker(dir.path(), "C", c, &[connector(&tcp(b), 1, "")]);
+    let cut_history = Arc::new(History::new());
+    let busy_history = Arc::new(History::new());
+    let cut_on_b = Recorder::start(
+        "cut on B",
+        &quick_failover(&[tcp(b)]),
+        CUT_QUEUE,
+        cut_history.clone(),
+        true,
+    )
+    .await;
+    let busy_on_b = Recorder::start(
+        "busy on B",
+        &quick_failover(&[tcp(b)]),
+        BUSY_QUEUE,
+        busy_history.clone(),
+        true,
+    )
+    .await;
+    let all = [&ba, &bb, &bc];
+    let cut_producer = connect(&quick_failover(&[tcp(a)])).await;
+    let busy_producer = connect(&quick_failover(&[tcp(c)])).await;
+    assert!(
+        wait_queue_demand(&cut_producer, CUT_QUEUE, &cut_history).await
+            && wait_queue_demand(&busy_producer, BUSY_QUEUE, &busy_history).await,
+        "B's demand never reached A or C:\n{}",
+        logs_of(&all)
+    );
+    let cut_receipts = Arc::new(AtomicU64::new(0));
+    let busy_receipts = Arc::new(AtomicU64::new(0));
+    let cut_stop = Arc::new(AtomicBool::new(false));
+    let busy_stop = Arc::new(AtomicBool::new(false));
+    let cut_tasks = start_producers(
+        &cut_producer,
+        CUT_QUEUE,
+        &cut_history,
+        &cut_receipts,
+        &cut_stop,
+    );
+    let busy_tasks = start_producers(
+        &busy_producer,
+        BUSY_QUEUE,
+        &busy_history,
+        &busy_receipts,
+        &busy_stop,
+    );
+    for cut in [Cut::BlackHole, Cut::Reset, Cut::KillSource, Cut::BlackHole] {
+        let all = [&ba, &bb, &bc];
+        expect_progress(&cut_on_b, "before a cut", &all).await;
+        expect_progress(&busy_on_b, "before a cut", &all).await;
+        let ups = count_in_log(&ba, "bridge up");
+        let busy_before = busy_on_b.received();
+        eprintln!("cut: {cut:?}");
+        match cut {
+            Cut::BlackHole => {
+                to_b.set(Fault::BlackHole);
+                tokio::time::sleep(Duration::from_millis(BLACK_HOLE_MS)).await;
+                to_b.set(Fault::Pass);
+            }
+            Cut::Reset => {
+                to_b.set(Fault::Reset);
+                tokio::time::sleep(Duration::from_millis(RESET_MS)).await;
+                to_b.set(Fault::Pass);
+            }
+            Cut::KillSource => {
+                ba.kill9().expect("kill -9 A");
+                tokio::time::sleep(Duration::from_millis(DOWN_MS)).await;
+                ba.restart().expect("A restarts");
+            }
+            Cut::KillRemote => unreachable!("the hub stays up"),
+        }
+        let all = [&ba, &bb, &bc];
+        assert!(
+            wait_log_count(&ba, "bridge up", ups + 1, PROGRESS_WAIT_MS).await,
+            "no new bridge session after {cut:?}:\n{}",
+            logs_of(&all)
+        );
+        // The other source went on meanwhile (its traffic is what would push the cut
+        // source's origins out of a table that forgot the oldest overall).
+        eprintln!(
+            "busy source forwarded {} during and after the {cut:?}",
+            busy_on_b.received() - busy_before
+        );
+    }
+    let all = [&ba, &bb, &bc];
+    expect_progress(&cut_on_b, "after the last cut", &all).await;
+    stop_producers(cut_producer, &cut_receipts, &cut_stop, cut_tasks).await;
+    stop_producers(busy_producer, &busy_receipts, &busy_stop, busy_tasks).await;
+    let cut_got = cut_on_b.drain().await;
+    let busy_got = busy_on_b.drain().await;
+    let cut_report = cut_history.check(Duplicates::Forbidden, false);
+    let busy_report = busy_history.check(Duplicates::Forbidden, false);
+    eprintln!(
+        "cut source: {cut_report} ({} recorded); busy source: {busy_report} ({} recorded)",
+        cut_got.len(),
+        busy_got.len()
+    );
+    assert!(
+        busy_got.len() > 4 * ORIGINS_MAX,
+        "the busy source forwarded too little to test anything"
+    );
+    assert_exactly_once(&cut_report, &all);
+    assert_exactly_once(&busy_report, &all);
 }
 
 /// Kills the master of `group` and waits for another member to serve; the old master then

@@ -10,31 +10,42 @@
 //! compared cold 60-byte strings, and SipHash over the id for every lookup. Origins were about a
 //! fifth of a receiving broker's CPU (docs/PERFORMANCE.md, "Networks of brokers").
 //!
-//! Here the origins sit in a queue in the order they were accepted, which for an origin is the
-//! order it was last seen, so the oldest is at the front: eviction pops it, with no search.
-//! Membership is kept per source: an id is split into the text before its trailing number and
+//! Origins are kept per source: an id is split into the text before its trailing number and
 //! the number (`haven-net:<store>/ID:haven-<boot>-` and `42`: a bridge forwards one broker's
-//! message ids, which that broker numbers in order), and each prefix has an ordered map of
-//! its numbers. A bridge's traffic adds numbers near the top of one map and forgets them from
-//! the bottom, so every operation touches memory it touched a moment ago, where a hash table
-//! of 100,000 ids missed the cache on every eviction. Ids without a trailing number are their
-//! own prefix. The table keeps no string per origin: the caller's live set keeps the id of each
-//! logged origin (compaction re-logs it by that id), and an id is rebuilt from prefix and
-//! number for inspection.
+//! message ids, which that broker numbers in order). Each source queues its origins in the
+//! order they were accepted, which for an origin is the order it was last seen, so its oldest
+//! is at the front, and keeps an ordered map of their numbers. A bridge's traffic adds numbers
+//! near the top of one map and forgets them from the bottom, so every operation touches memory
+//! it touched a moment ago, where a hash table of 100,000 ids missed the cache on every
+//! eviction. Ids without a trailing number are their own source. The table keeps no string per
+//! origin: the caller's live set keeps the id of each logged origin (compaction re-logs it by
+//! that id), and an id is rebuilt from prefix and number for inspection.
+//!
+//! Forgetting by count takes from the source that holds the most origins, its oldest first,
+//! not from the oldest origin overall. What a source may resend is what it had in flight when
+//! its bridge broke: its newest origins. A hub that several brokers forward to goes on
+//! accepting the others' traffic while one bridge is down, and a table that forgot the oldest
+//! overall let that traffic push out what the silent source was about to resend (100,000
+//! origins are one second at 100,000 msg/s). Taking from the largest, a source keeps at least
+//! its newest `origins_max / sources` origins, however busy the others are. Of sources holding
+//! as many, the one whose oldest origin is older goes first, so ids of one origin per source
+//! (an application's idempotency keys) are forgotten oldest first, as in one queue.
 //!
 //! One departure from the general table: when compaction re-logs an origin's mark, the origin
-//! moves to the back of the queue (its record is now the newest). Its seen time stays, so
-//! idle forgetting, which stops at the first origin that is not idle, may keep it up to one
-//! more idle period. Remembering longer is always safe; what matters is that the durable
+//! moves to the back of its source's queue (its record is now the newest). Its seen time stays,
+//! so idle forgetting, which stops at a source's first origin that is not idle, may keep it up
+//! to one more idle period. Remembering longer is always safe; what matters is that the durable
 //! origins are in the same order live and after replay, so both forget the same ones: live,
 //! each is appended when its record is logged (a new one, or a re-log); replay appends them
-//! in log order.
+//! in log order. Origins of messages that were not logged (non-persistent ones) count toward
+//! the limit live and are gone after a restart, so then the two may forget different ones.
 
 use crate::hash::HashMap;
 use crate::producers::{Forgetting, Id, MarkTable, ProducerStats, Released, PRODUCER_ID_BYTES_MAX};
 use crate::record::ProducerMark;
 use std::cell::Cell;
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 /// The only sequence number an origin has.
@@ -71,32 +82,96 @@ fn join(prefix: &str, number: u64) -> String {
 #[derive(Debug)]
 struct Source {
     prefix: Arc<str>,
-    /// Number → serial of its slot.
+    /// Number → serial of its slot. Its length is how many origins the source holds.
     numbers: BTreeMap<u64, u64>,
+    /// Its origins, oldest first. `None` is the place an origin left when it moved to the back
+    /// (a re-log); it is dropped when it reaches the front.
+    slots: VecDeque<Option<Slot>>,
+    /// The serial of `slots[0]`; a slot's serial is fixed while it is in the queue.
+    front_serial: u64,
+}
+
+impl Source {
+    fn held(&self) -> usize {
+        self.numbers.len()
+    }
+
+    fn position(&self, serial: u64) -> usize {
+        let position = serial
+            .checked_sub(self.front_serial)
+            .expect("an indexed slot behind the front");
+        usize::try_from(position).expect("queue position fits in usize")
+    }
+
+    fn slot(&self, serial: u64) -> Slot {
+        self.slots[self.position(serial)].expect("the index names a vacant slot")
+    }
+
+    /// Appends `slot` at the back and indexes it there.
+    fn push(&mut self, slot: Slot) {
+        let serial = self.front_serial + self.slots.len() as u64;
+        let previous = self.numbers.insert(slot.number, serial);
+        assert!(previous.is_none(), "an origin indexed twice");
+        self.slots.push_back(Some(slot));
+    }
+
+    fn drop_vacant_front(&mut self) {
+        while let Some(None) = self.slots.front() {
+            self.slots.pop_front();
+            self.front_serial += 1;
+        }
+    }
+
+    /// The oldest origin, if any (dropping vacant places before it).
+    fn front(&mut self) -> Option<Slot> {
+        self.drop_vacant_front();
+        self.slots.front().copied().flatten()
+    }
+
+    /// Unindexes and returns the oldest origin; the source holds one.
+    fn pop_front(&mut self) -> Slot {
+        self.drop_vacant_front();
+        let slot = self
+            .slots
+            .pop_front()
+            .flatten()
+            .expect("forgetting from a source with no origins");
+        self.front_serial += 1;
+        let indexed = self.numbers.remove(&slot.number);
+        assert!(indexed.is_some(), "origin missing from its source's index");
+        slot
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Slot {
-    source: u32,
     number: u64,
+    /// When it took this place, counted over all sources: the oldest front is the smallest.
+    stamp: u64,
     /// When it was accepted (ms since the epoch): the key of idle forgetting.
     seen_ms: u64,
     /// The record that carries it, if it was logged: a live object until forgotten.
     lsn: Option<u64>,
 }
 
+/// (origins held, Reverse(stamp of the oldest), index).
+type SizeKey = (usize, Reverse<u64>, u32);
+
 #[derive(Debug)]
 pub(crate) struct Origins {
-    /// Oldest first. `None` is the place an origin left when it moved to the back (a re-log);
-    /// it is dropped when it reaches the front.
-    slots: VecDeque<Option<Slot>>,
-    /// The serial number of `slots[0]`; a slot's serial is fixed while it is in the queue.
-    front_serial: u64,
-    /// Origins remembered (the slots that are not vacant).
+    /// Origins remembered, over all sources.
     len: usize,
     /// By index; a source is dropped when its last origin is forgotten, and its index reused.
     sources: Vec<Option<Source>>,
     free_sources: Vec<u32>,
+    /// Every source's key in the order forgetting by count takes from them, the last first:
+    /// the most origins held, and of sources holding as many, the oldest front (so sources of
+    /// one origin each, as ids without a trailing number are, go oldest first). Kept only
+    /// while there are two sources or more: a broker fed by one bridge has one, and keeping
+    /// its key in step cost a third more per origin.
+    by_size: BTreeSet<SizeKey>,
+    /// The next slot's stamp.
+    next_stamp: u64,
     /// Prefix → index in `sources` (keyed hashing: clients choose origins).
     by_prefix: HashMap<Arc<str>, u32>,
     /// The source of the last lookup: a bridge's traffic names the same one message after
@@ -108,11 +183,11 @@ pub(crate) struct Origins {
 impl Origins {
     pub fn new(idle_ms_max: u64, origins_max: usize) -> Origins {
         Origins {
-            slots: VecDeque::new(),
-            front_serial: 0,
             len: 0,
             sources: Vec::new(),
             free_sources: Vec::new(),
+            by_size: BTreeSet::new(),
+            next_stamp: 0,
             by_prefix: HashMap::default(),
             last_source: Cell::new(NO_SOURCE),
             forgetting: Forgetting::new(idle_ms_max, origins_max),
@@ -141,6 +216,7 @@ impl Origins {
         Some(found)
     }
 
+    /// The source of `prefix`, added with no origins if new: the caller pushes one at once.
     fn find_or_add_source(&mut self, prefix: &str) -> u32 {
         if let Some(found) = self.find_source(prefix) {
             return found;
@@ -149,6 +225,8 @@ impl Origins {
         let source = Some(Source {
             prefix: prefix.clone(),
             numbers: BTreeMap::new(),
+            slots: VecDeque::new(),
+            front_serial: 0,
         });
         let index = match self.free_sources.pop() {
             Some(index) => {
@@ -162,37 +240,98 @@ impl Origins {
         };
         assert!(index != NO_SOURCE, "too many sources");
         self.by_prefix.insert(prefix, index);
+        if self.by_prefix.len() == 2 {
+            // Sizes are kept from now on: the other source's key first.
+            let other = self.sources.iter().enumerate().find_map(|(other, source)| {
+                let other = u32::try_from(other).expect("sources fit in u32");
+                (other != index && source.is_some()).then_some(other)
+            });
+            let key = self
+                .size_key(other.expect("two sources"))
+                .expect("not empty");
+            self.by_size.insert(key);
+        }
         index
     }
 
-    /// The serial of origin `id`'s slot, if remembered.
-    fn find(&self, id: &str) -> Option<u64> {
+    fn sizes_kept(&self) -> bool {
+        self.by_prefix.len() >= 2
+    }
+
+    /// The source forgetting by count takes from.
+    fn largest(&self) -> u32 {
+        if self.sizes_kept() {
+            self.by_size.last().expect("sizes are kept").2
+        } else {
+            *self
+                .by_prefix
+                .values()
+                .next()
+                .expect("a full table has a source")
+        }
+    }
+
+    /// Source `index`'s place in `by_size` (`None` once it holds no origin).
+    fn size_key(&mut self, index: u32) -> Option<SizeKey> {
+        let source = self.sources[index as usize].as_mut()?;
+        let oldest = source.front()?;
+        Some((source.held(), Reverse(oldest.stamp), index))
+    }
+
+    /// Source `index`'s key before a change, if sizes are kept.
+    fn key_before(&mut self, index: u32) -> Option<SizeKey> {
+        if self.sizes_kept() {
+            self.size_key(index)
+        } else {
+            None
+        }
+    }
+
+    /// Moves a source in `by_size` from `before` to its key now, if sizes are kept.
+    fn rekey(&mut self, index: u32, before: Option<SizeKey>) {
+        if !self.sizes_kept() {
+            return;
+        }
+        let after = self.size_key(index);
+        if before == after {
+            return;
+        }
+        if let Some(key) = before {
+            let indexed = self.by_size.remove(&key);
+            assert!(indexed, "a source missing from the size order");
+        }
+        if let Some(key) = after {
+            self.by_size.insert(key);
+        }
+    }
+
+    fn stamp(&mut self) -> u64 {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        stamp
+    }
+
+    /// (source, serial of its slot) of origin `id`, if remembered.
+    fn find(&self, id: &str) -> Option<(u32, u64)> {
         let (prefix, number) = split(id);
         let source = self.find_source(prefix)?;
-        self.source(source).numbers.get(&number).copied()
+        let serial = *self.source(source).numbers.get(&number)?;
+        Some((source, serial))
     }
 
-    fn position(&self, serial: u64) -> usize {
-        let position = serial
-            .checked_sub(self.front_serial)
-            .expect("an indexed slot behind the front");
-        usize::try_from(position).expect("queue position fits in usize")
-    }
-
-    fn slot(&self, serial: u64) -> Slot {
-        self.slots[self.position(serial)].expect("the index names a vacant slot")
-    }
-
-    /// Forgets origins from the front while they were accepted `idle_ms_max` or more ago.
+    /// Forgets, in every source, the oldest origins while they were accepted `idle_ms_max` or
+    /// more ago.
     pub fn forget_idle(&mut self, now_ms: u64) -> Released {
         let mut released = Vec::new();
-        loop {
-            self.drop_vacant_front();
-            match self.slots.front() {
-                Some(Some(o)) if self.forgetting.is_idle(o.seen_ms, now_ms) => {
-                    self.forget_oldest(&mut released);
+        for index in 0..self.sources.len() {
+            let index = u32::try_from(index).expect("sources fit in u32");
+            while let Some(source) = self.sources[index as usize].as_mut() {
+                match source.front() {
+                    Some(o) if self.forgetting.is_idle(o.seen_ms, now_ms) => {
+                        self.forget_front(index, &mut released);
+                    }
+                    _ => break,
                 }
-                _ => break,
             }
         }
         released
@@ -203,71 +342,65 @@ impl Origins {
         // Make room first, so a new origin is never its own victim (nor its source dropped
         // under it).
         while self.len >= self.forgetting.entries_max {
-            self.drop_vacant_front();
-            self.forget_oldest(released);
+            let largest = self.largest();
+            self.forget_front(largest, released);
         }
         let (prefix, number) = split(id);
-        let source = self.find_or_add_source(prefix);
-        self.push(Slot {
-            source,
+        let index = self.find_or_add_source(prefix);
+        let before = self.key_before(index);
+        let stamp = self.stamp();
+        self.source_mut(index).push(Slot {
             number,
+            stamp,
             seen_ms,
             lsn,
         });
+        self.rekey(index, before);
         self.len += 1;
     }
 
-    /// Appends `slot` at the back and indexes it there.
-    fn push(&mut self, slot: Slot) {
-        let serial = self.front_serial + self.slots.len() as u64;
-        let previous = self
-            .source_mut(slot.source)
-            .numbers
-            .insert(slot.number, serial);
-        assert!(previous.is_none(), "an origin indexed twice");
-        self.slots.push_back(Some(slot));
-    }
-
-    /// Moves the origin in slot `serial` to the back, now carried by the record at `lsn` (and
-    /// seen at `seen_ms`, if given), leaving its place vacant. Returns its old record's LSN.
-    fn move_to_back(&mut self, serial: u64, lsn: u64, seen_ms: Option<u64>) -> Option<u64> {
-        let position = self.position(serial);
-        let slot = self.slots[position].take().expect("moving a vacant slot");
-        self.source_mut(slot.source).numbers.remove(&slot.number);
-        self.push(Slot {
+    /// Moves the origin in slot `serial` of source `index` to the back, now carried by the
+    /// record at `lsn` (and seen at `seen_ms`, if given), leaving its place vacant. Returns its
+    /// old record's LSN.
+    fn move_to_back(
+        &mut self,
+        index: u32,
+        serial: u64,
+        lsn: u64,
+        seen_ms: Option<u64>,
+    ) -> Option<u64> {
+        let before = self.key_before(index);
+        let stamp = self.stamp();
+        let source = self.source_mut(index);
+        let position = source.position(serial);
+        let slot = source.slots[position].take().expect("moving a vacant slot");
+        source.numbers.remove(&slot.number);
+        source.push(Slot {
+            stamp,
             lsn: Some(lsn),
             seen_ms: seen_ms.unwrap_or(slot.seen_ms),
             ..slot
         });
+        self.rekey(index, before);
         slot.lsn
     }
 
-    fn drop_vacant_front(&mut self) {
-        while let Some(None) = self.slots.front() {
-            self.slots.pop_front();
-            self.front_serial += 1;
-        }
-    }
-
-    /// Forgets the front origin; the caller has dropped vacant slots before it.
-    fn forget_oldest(&mut self, released: &mut Released) {
-        let slot = self
-            .slots
-            .pop_front()
-            .flatten()
-            .expect("forgetting from an empty table");
-        self.front_serial += 1;
+    /// Forgets the oldest origin of source `index`, which holds one.
+    fn forget_front(&mut self, index: u32, released: &mut Released) {
+        let before = self.key_before(index);
+        let slot = self.source_mut(index).pop_front();
+        self.rekey(index, before);
         self.len -= 1;
-        let source = self.source_mut(slot.source);
-        let indexed = source.numbers.remove(&slot.number);
-        assert!(indexed.is_some(), "origin missing from its source's index");
-        if source.numbers.is_empty() {
-            let prefix = source.prefix.clone();
+        if self.source(index).held() == 0 {
+            let prefix = self.source(index).prefix.clone();
             self.by_prefix.remove(&prefix);
-            self.sources[slot.source as usize] = None;
-            self.free_sources.push(slot.source);
-            if self.last_source.get() == slot.source {
+            self.sources[index as usize] = None;
+            self.free_sources.push(index);
+            if self.last_source.get() == index {
                 self.last_source.set(NO_SOURCE);
+            }
+            if self.by_prefix.len() == 1 {
+                self.by_size.clear();
             }
         }
         if let Some(lsn) = slot.lsn {
@@ -276,12 +409,12 @@ impl Origins {
         self.forgetting.forgotten_total += 1;
     }
 
-    fn id_of(&self, slot: &Slot) -> String {
-        join(&self.source(slot.source).prefix, slot.number)
-    }
-
-    fn remembered(&self) -> impl Iterator<Item = &Slot> {
-        self.slots.iter().flatten()
+    /// Every origin remembered, as (source, slot): by source, oldest first in each.
+    fn remembered(&self) -> impl Iterator<Item = (&Source, &Slot)> {
+        self.sources
+            .iter()
+            .flatten()
+            .flat_map(|source| source.slots.iter().flatten().map(move |o| (source, o)))
     }
 
     // ----------------------------------------------------------------------------------------
@@ -294,29 +427,34 @@ impl Origins {
     /// Origin → (1, seen_ms) as the log has it: equal before a crash and after replay.
     pub fn durable_marks(&self) -> BTreeMap<String, (u64, u64)> {
         self.remembered()
-            .filter(|o| o.lsn.is_some())
-            .map(|o| (self.id_of(o), (ORIGIN_SEQ, o.seen_ms)))
+            .filter(|(_, o)| o.lsn.is_some())
+            .map(|(s, o)| (join(&s.prefix, o.number), (ORIGIN_SEQ, o.seen_ms)))
             .collect()
     }
 
     /// Origins with a durable mark (each is one live object).
     pub fn durable_count(&self) -> usize {
-        self.remembered().filter(|o| o.lsn.is_some()).count()
+        self.remembered().filter(|(_, o)| o.lsn.is_some()).count()
     }
 
     /// The live object of each durable mark: (lsn, id), for the caller's cross-check.
     pub fn durable_lsns(&self) -> Vec<(u64, String)> {
         self.remembered()
-            .filter_map(|o| o.lsn.map(|lsn| (lsn, self.id_of(o))))
+            .filter_map(|(s, o)| o.lsn.map(|lsn| (lsn, join(&s.prefix, o.number))))
             .collect()
     }
 
     pub fn check_invariants(&self) {
         assert!(self.len <= self.forgetting.entries_max);
         assert_eq!(self.len, self.remembered().count());
-        let indexed: usize = self.sources.iter().flatten().map(|s| s.numbers.len()).sum();
+        let indexed: usize = self.sources.iter().flatten().map(Source::held).sum();
         assert_eq!(indexed, self.len, "an origin indexed but not in the queue");
         assert_eq!(self.by_prefix.len(), self.sources.iter().flatten().count());
+        if self.sizes_kept() {
+            assert_eq!(self.by_size.len(), self.by_prefix.len());
+        } else {
+            assert!(self.by_size.is_empty(), "sizes kept for one source");
+        }
         for (index, source) in self.sources.iter().enumerate() {
             let Some(source) = source else {
                 assert!(self.free_sources.contains(&(index as u32)));
@@ -324,17 +462,35 @@ impl Origins {
             };
             assert!(!source.numbers.is_empty(), "an empty source kept");
             assert_eq!(self.by_prefix.get(&source.prefix), Some(&(index as u32)));
-        }
-        let mut last_lsn = 0;
-        for (position, slot) in self.slots.iter().enumerate() {
-            let Some(o) = slot else { continue };
-            let serial = self.front_serial + position as u64;
-            assert_eq!(self.source(o.source).numbers.get(&o.number), Some(&serial));
-            let id = self.id_of(o);
-            assert_eq!(split(&id), (&*self.source(o.source).prefix, o.number));
-            if let Some(lsn) = o.lsn {
-                assert!(lsn > last_lsn, "durable origins out of log order");
-                last_lsn = lsn;
+            let oldest = source.slots.iter().flatten().next().expect("not empty");
+            assert!(
+                !self.sizes_kept()
+                    || self
+                        .by_size
+                        .contains(&(source.held(), Reverse(oldest.stamp), index as u32)),
+                "a source's size key is stale"
+            );
+            let mut last_lsn = 0;
+            let mut last_stamp = None;
+            for (position, slot) in source.slots.iter().enumerate() {
+                let Some(o) = slot else { continue };
+                let serial = source.front_serial + position as u64;
+                assert_eq!(source.numbers.get(&o.number), Some(&serial));
+                let id = join(&source.prefix, o.number);
+                assert_eq!(split(&id), (&*source.prefix, o.number));
+                assert!(
+                    last_stamp < Some(o.stamp),
+                    "a source's origins out of order"
+                );
+                assert!(o.stamp < self.next_stamp);
+                last_stamp = Some(o.stamp);
+                if let Some(lsn) = o.lsn {
+                    assert!(
+                        lsn > last_lsn,
+                        "a source's durable origins out of log order"
+                    );
+                    last_lsn = lsn;
+                }
             }
         }
     }
@@ -385,14 +541,17 @@ impl MarkTable for Origins {
         );
         let mut released = Vec::new();
         match self.find(&mark.producer) {
-            Some(serial) => released.extend(self.move_to_back(serial, lsn, Some(mark.seen_ms))),
+            Some((source, serial)) => {
+                released.extend(self.move_to_back(source, serial, lsn, Some(mark.seen_ms)))
+            }
             None => self.insert_new(&mark.producer, mark.seen_ms, Some(lsn), &mut released),
         }
         (Arc::from(mark.producer.as_str()), released)
     }
 
     fn durable_mark(&self, id: &str) -> Option<ProducerMark> {
-        let slot = self.slot(self.find(id)?);
+        let (source, serial) = self.find(id)?;
+        let slot = self.source(source).slot(serial);
         slot.lsn?;
         Some(ProducerMark {
             producer: id.to_string(),
@@ -403,9 +562,9 @@ impl MarkTable for Origins {
 
     /// The origin moves to the back: its record is now the newest.
     fn relogged(&mut self, id: &str, lsn: u64) -> u64 {
-        let serial = self.find(id).expect("re-logged origin is remembered");
+        let (source, serial) = self.find(id).expect("re-logged origin is remembered");
         let old = self
-            .move_to_back(serial, lsn, None)
+            .move_to_back(source, serial, lsn, None)
             .expect("re-logged origin has a durable mark");
         assert!(old < lsn, "re-logged below its own record");
         old
@@ -467,6 +626,42 @@ mod tests {
         assert_eq!(t.forget_idle(100), vec![1]);
         assert!(t.forget_idle(149).is_empty());
         assert!(t.forget_idle(150).is_empty(), "b had no record");
+        assert_eq!(t.stats().producers, 0);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn forgetting_by_count_takes_from_the_largest_source_oldest_first() {
+        let mut t = Origins::new(1_000, 5);
+        accept(&mut t, "q/1", 0, Some(1));
+        accept(&mut t, "b/1", 1, Some(2));
+        accept(&mut t, "b/2", 2, Some(3));
+        accept(&mut t, "c/1", 3, Some(4));
+        accept(&mut t, "c/2", 4, Some(5));
+        // b and c hold two each, and b's oldest is the older: b/1 goes.
+        assert_eq!(accept(&mut t, "b/3", 5, Some(6)), vec![2]);
+        // A tie again (b/2, b/3 and c/1, c/2): b/2 is the oldest of the two fronts.
+        assert_eq!(accept(&mut t, "c/3", 6, Some(7)), vec![3]);
+        // c holds three now: its oldest goes, whoever is the newcomer.
+        assert_eq!(accept(&mut t, "b/4", 7, Some(8)), vec![4]);
+        assert_eq!(accept(&mut t, "d/1", 8, Some(9)), vec![5]);
+        // The quiet source kept its one origin through all of it.
+        assert!(t.is_duplicate("q/1", 1));
+        assert_eq!(t.forgetting.forgotten_total, 4);
+    }
+
+    #[test]
+    fn idle_forgetting_looks_at_every_sources_oldest() {
+        let mut t = Origins::new(100, 10);
+        accept(&mut t, "a/1", 0, Some(1));
+        accept(&mut t, "b/1", 10, Some(2));
+        accept(&mut t, "a/2", 50, None);
+        accept(&mut t, "b/2", 120, Some(3));
+        assert_eq!(t.forget_idle(110), vec![1, 2]);
+        assert!(t.forget_idle(150).is_empty(), "a/2 had no record");
+        assert_eq!(t.stats().producers, 1);
+        assert!(t.is_duplicate("b/2", 1));
+        assert_eq!(t.forget_idle(220), vec![3]);
         assert_eq!(t.stats().producers, 0);
         t.check_invariants();
     }
@@ -557,6 +752,118 @@ mod tests {
         assert_eq!(accept(&mut small, "a/2", 0, Some(3)), vec![2]);
         assert!(!small.is_duplicate("a/1", 1) && !small.is_duplicate("b/1", 1));
         assert_eq!(small.sources.len(), 1, "the freed place was reused");
+    }
+
+    /// An op of the random test: accept a new origin of source `.0` (numbers of a source
+    /// rise, with gaps), or re-log the `.1`-th remembered durable origin.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Accept {
+            source: usize,
+            gap: u64,
+            durable: bool,
+        },
+        Relog {
+            pick: usize,
+        },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..4usize, 1..4u64, proptest::bool::weighted(0.8))
+                .prop_map(|(source, gap, durable)| Op::Accept { source, gap, durable }),
+            1 => (0..64usize).prop_map(|pick| Op::Relog { pick }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Against a plain list that forgets the oldest origin of the source holding the most
+        /// (of two holding as many, the one whose oldest is older): the same origins are
+        /// remembered and the same records released after every op; and the log replayed
+        /// (only when every origin was logged) rebuilds the same table.
+        #[test]
+        fn forgetting_matches_a_plain_model_and_replay(
+            ops in proptest::collection::vec(op(), 1..300),
+            max in 1..12usize,
+        ) {
+            let mut t = Origins::new(1_000_000, max);
+            // (id, source, place, lsn): place orders origins as the table queues them.
+            let mut model: Vec<(String, usize, u64, Option<u64>)> = Vec::new();
+            let mut next = [0u64; 4];
+            let mut place = 0u64;
+            let mut lsn = 0u64;
+            let mut log: Vec<(ProducerMark, u64)> = Vec::new();
+            let mut all_durable = true;
+            let mut ids: Vec<String> = Vec::new();
+            for op in ops {
+                let mut expected = Vec::new();
+                let released = match op {
+                    Op::Accept { source, gap, durable } => {
+                        next[source] += gap;
+                        let id = format!("s{source}/ID:{}", next[source]);
+                        while model.len() >= max {
+                            let held = |s: usize| model.iter().filter(|o| o.1 == s).count();
+                            let oldest = |s: usize| {
+                                model.iter().filter(|o| o.1 == s).map(|o| o.2).min().unwrap()
+                            };
+                            let victim = (0..4)
+                                .filter(|&s| held(s) > 0)
+                                .max_by_key(|&s| (held(s), std::cmp::Reverse(oldest(s))))
+                                .unwrap();
+                            let at = model.iter().position(|o| o.2 == oldest(victim)).unwrap();
+                            expected.extend(model.remove(at).3);
+                        }
+                        all_durable &= durable;
+                        let at = durable.then(|| {
+                            lsn += 1;
+                            lsn
+                        });
+                        if let Some(at) = at {
+                            log.push((mark(&id, 0), at));
+                        }
+                        place += 1;
+                        model.push((id.clone(), source, place, at));
+                        ids.push(id.clone());
+                        accept(&mut t, &id, 0, at)
+                    }
+                    Op::Relog { pick } => {
+                        let durable: Vec<usize> =
+                            (0..model.len()).filter(|&i| model[i].3.is_some()).collect();
+                        if durable.is_empty() {
+                            continue;
+                        }
+                        let i = durable[pick % durable.len()];
+                        lsn += 1;
+                        place += 1;
+                        model[i].2 = place;
+                        let old = model[i].3.replace(lsn).unwrap();
+                        log.push((mark(&model[i].0, 0), lsn));
+                        proptest::prop_assert_eq!(t.relogged(&model[i].0, lsn), old);
+                        t.check_invariants();
+                        Vec::new()
+                    }
+                };
+                proptest::prop_assert_eq!(released, expected);
+                for id in &ids {
+                    let known = model.iter().any(|o| &o.0 == id);
+                    proptest::prop_assert_eq!(t.is_duplicate(id, 1), known, "{}", id);
+                }
+            }
+            if all_durable {
+                let mut replayed = Origins::new(1_000_000, max);
+                for (m, at) in &log {
+                    replayed.replay(m, *at);
+                    replayed.check_invariants();
+                }
+                proptest::prop_assert_eq!(replayed.durable_marks(), t.durable_marks());
+                let mut a = replayed.durable_lsns();
+                let mut b = t.durable_lsns();
+                a.sort();
+                b.sort();
+                proptest::prop_assert_eq!(a, b);
+            }
+        }
     }
 
     #[test]

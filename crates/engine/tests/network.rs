@@ -981,3 +981,66 @@ fn origins_relogged_by_compaction_survive_a_crash_in_the_order_they_are_forgotte
     assert_eq!(stored(&h), 5, "o2 was forgotten, so it is stored again");
     assert_eq!(h.engine.origin_stats().forgotten_total, 2);
 }
+
+/// A hub that several brokers forward to: while one source's bridge is down, the others'
+/// traffic must not push out what it will resend. Forgetting by count takes from the source
+/// holding the most origins, so the quiet one keeps its own, live and after a crash.
+#[test]
+fn a_busy_source_cannot_push_out_the_origins_a_quiet_source_will_resend() {
+    let cfg = EngineConfig {
+        network_origins_max: 6,
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new(cfg);
+    h.connect(1, None);
+    for n in 1..=2 {
+        send_with(
+            &mut h,
+            1,
+            &format!("q{n}"),
+            origin(&format!("quiet/ID:{n}")),
+        )
+        .unwrap();
+    }
+    // The busy source sends five times the table's room while the quiet one is away.
+    for n in 1..=30 {
+        h.now_ms += 1;
+        send_with(&mut h, 1, &format!("b{n}"), origin(&format!("busy/ID:{n}"))).unwrap();
+    }
+    assert_eq!(stored(&h), 32);
+    assert_eq!(
+        h.engine.origin_stats().forgotten_total,
+        26,
+        "all from the busy source"
+    );
+    let live = h.engine.durable_producers();
+    h.crash_and_recover();
+    assert_eq!(
+        h.engine.durable_producers(),
+        live,
+        "replay forgets the same ones"
+    );
+    h.connect(1, None);
+    // The quiet source comes back and resends what it had in flight: both are known.
+    for n in 1..=2 {
+        let e = send_with(
+            &mut h,
+            1,
+            &format!("q{n}"),
+            origin(&format!("quiet/ID:{n}")),
+        )
+        .unwrap();
+        assert_eq!(receipts(&e), [format!("r-q{n}")]);
+    }
+    assert_eq!(stored(&h), 32, "the resends were duplicates");
+    // The busy source kept its newest four; its older ones went first.
+    send_with(&mut h, 1, "b30", origin("busy/ID:30")).unwrap();
+    assert_eq!(stored(&h), 32);
+    send_with(&mut h, 1, "b26", origin("busy/ID:26")).unwrap();
+    assert_eq!(stored(&h), 33, "busy/ID:26 was forgotten");
+    // The table is full: the busy source (four, then five with b26) still gives way first.
+    assert_eq!(h.engine.origin_stats().producers, 6);
+    let e = send_with(&mut h, 1, "q1", origin("quiet/ID:1")).unwrap();
+    assert_eq!(receipts(&e), ["r-q1"]);
+    assert_eq!(stored(&h), 33);
+}

@@ -97,8 +97,19 @@ pub fn start_broker(
     addr: SocketAddr,
     connectors: &[String],
 ) -> BrokerProcess {
+    start_broker_with(dir, name, addr, "", connectors)
+}
+
+/// [`start_broker`] with more configuration (`toml`: whole sections, e.g. `[limits]`).
+pub fn start_broker_with(
+    dir: &Path,
+    name: &str,
+    addr: SocketAddr,
+    toml: &str,
+    connectors: &[String],
+) -> BrokerProcess {
     let mut opts = BrokerOpts::new(env!("CARGO_BIN_EXE_haven"), dir.join(name), addr);
-    opts.config_toml = Some(broker_config(name, "", connectors));
+    opts.config_toml = Some(broker_config(name, toml, connectors));
     BrokerProcess::start(opts).unwrap_or_else(|e| panic!("broker {name} starts: {e}"))
 }
 
