@@ -157,6 +157,16 @@ struct Slot {
 /// (origins held, Reverse(stamp of the oldest), index).
 type SizeKey = (usize, Reverse<u64>, u32);
 
+/// (seen time of the oldest, index).
+type IdleKey = (u64, u32);
+
+/// A source's places in `by_size` and `by_idle`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Keys {
+    size: SizeKey,
+    idle: IdleKey,
+}
+
 #[derive(Debug)]
 pub(crate) struct Origins {
     /// Origins remembered, over all sources.
@@ -170,6 +180,10 @@ pub(crate) struct Origins {
     /// while there are two sources or more: a broker fed by one bridge has one, and keeping
     /// its key in step cost a third more per origin.
     by_size: BTreeSet<SizeKey>,
+    /// Every source's key in the order idle forgetting looks at them: its oldest origin's
+    /// seen time first. Kept with `by_size`: with many sources (an application's idempotency
+    /// keys are a source each) a look at every source per tick would cost a scan of them all.
+    by_idle: BTreeSet<IdleKey>,
     /// The next slot's stamp.
     next_stamp: u64,
     /// Prefix → index in `sources` (keyed hashing: clients choose origins).
@@ -187,6 +201,7 @@ impl Origins {
             sources: Vec::new(),
             free_sources: Vec::new(),
             by_size: BTreeSet::new(),
+            by_idle: BTreeSet::new(),
             next_stamp: 0,
             by_prefix: HashMap::default(),
             last_source: Cell::new(NO_SOURCE),
@@ -246,10 +261,9 @@ impl Origins {
                 let other = u32::try_from(other).expect("sources fit in u32");
                 (other != index && source.is_some()).then_some(other)
             });
-            let key = self
-                .size_key(other.expect("two sources"))
-                .expect("not empty");
-            self.by_size.insert(key);
+            let keys = self.keys(other.expect("two sources")).expect("not empty");
+            self.by_size.insert(keys.size);
+            self.by_idle.insert(keys.idle);
         }
         index
     }
@@ -271,37 +285,49 @@ impl Origins {
         }
     }
 
-    /// Source `index`'s place in `by_size` (`None` once it holds no origin).
-    fn size_key(&mut self, index: u32) -> Option<SizeKey> {
+    /// Source `index`'s keys (`None` once it holds no origin).
+    fn keys(&mut self, index: u32) -> Option<Keys> {
         let source = self.sources[index as usize].as_mut()?;
         let oldest = source.front()?;
-        Some((source.held(), Reverse(oldest.stamp), index))
+        Some(Keys {
+            size: (source.held(), Reverse(oldest.stamp), index),
+            idle: (oldest.seen_ms, index),
+        })
     }
 
-    /// Source `index`'s key before a change, if sizes are kept.
-    fn key_before(&mut self, index: u32) -> Option<SizeKey> {
+    /// Source `index`'s keys before a change, if they are kept.
+    fn key_before(&mut self, index: u32) -> Option<Keys> {
         if self.sizes_kept() {
-            self.size_key(index)
+            self.keys(index)
         } else {
             None
         }
     }
 
-    /// Moves a source in `by_size` from `before` to its key now, if sizes are kept.
-    fn rekey(&mut self, index: u32, before: Option<SizeKey>) {
+    /// Moves a source in `by_size` and `by_idle` from `before` to its keys now, if they are
+    /// kept.
+    fn rekey(&mut self, index: u32, before: Option<Keys>) {
         if !self.sizes_kept() {
             return;
         }
-        let after = self.size_key(index);
-        if before == after {
-            return;
+        let after = self.keys(index);
+        if let Some(keys) = before {
+            if after.is_none_or(|a| a.size != keys.size) {
+                let indexed = self.by_size.remove(&keys.size);
+                assert!(indexed, "a source missing from the size order");
+            }
+            if after.is_none_or(|a| a.idle != keys.idle) {
+                let indexed = self.by_idle.remove(&keys.idle);
+                assert!(indexed, "a source missing from the idle order");
+            }
         }
-        if let Some(key) = before {
-            let indexed = self.by_size.remove(&key);
-            assert!(indexed, "a source missing from the size order");
-        }
-        if let Some(key) = after {
-            self.by_size.insert(key);
+        if let Some(keys) = after {
+            if before.is_none_or(|b| b.size != keys.size) {
+                self.by_size.insert(keys.size);
+            }
+            if before.is_none_or(|b| b.idle != keys.idle) {
+                self.by_idle.insert(keys.idle);
+            }
         }
     }
 
@@ -323,16 +349,23 @@ impl Origins {
     /// more ago.
     pub fn forget_idle(&mut self, now_ms: u64) -> Released {
         let mut released = Vec::new();
-        for index in 0..self.sources.len() {
-            let index = u32::try_from(index).expect("sources fit in u32");
-            while let Some(source) = self.sources[index as usize].as_mut() {
-                match source.front() {
-                    Some(o) if self.forgetting.is_idle(o.seen_ms, now_ms) => {
-                        self.forget_front(index, &mut released);
-                    }
-                    _ => break,
-                }
+        loop {
+            let (seen_ms, index) = if self.sizes_kept() {
+                *self.by_idle.first().expect("sizes are kept")
+            } else {
+                let Some(&index) = self.by_prefix.values().next() else {
+                    break;
+                };
+                let oldest = self
+                    .source_mut(index)
+                    .front()
+                    .expect("a kept source holds one");
+                (oldest.seen_ms, index)
+            };
+            if !self.forgetting.is_idle(seen_ms, now_ms) {
+                break;
             }
+            self.forget_front(index, &mut released);
         }
         released
     }
@@ -401,6 +434,7 @@ impl Origins {
             }
             if self.by_prefix.len() == 1 {
                 self.by_size.clear();
+                self.by_idle.clear();
             }
         }
         if let Some(lsn) = slot.lsn {
@@ -452,8 +486,12 @@ impl Origins {
         assert_eq!(self.by_prefix.len(), self.sources.iter().flatten().count());
         if self.sizes_kept() {
             assert_eq!(self.by_size.len(), self.by_prefix.len());
+            assert_eq!(self.by_idle.len(), self.by_prefix.len());
         } else {
-            assert!(self.by_size.is_empty(), "sizes kept for one source");
+            assert!(
+                self.by_size.is_empty() && self.by_idle.is_empty(),
+                "keys for one source"
+            );
         }
         for (index, source) in self.sources.iter().enumerate() {
             let Some(source) = source else {
@@ -467,8 +505,9 @@ impl Origins {
                 !self.sizes_kept()
                     || self
                         .by_size
-                        .contains(&(source.held(), Reverse(oldest.stamp), index as u32)),
-                "a source's size key is stale"
+                        .contains(&(source.held(), Reverse(oldest.stamp), index as u32))
+                        && self.by_idle.contains(&(oldest.seen_ms, index as u32)),
+                "a source's keys are stale"
             );
             let mut last_lsn = 0;
             let mut last_stamp = None;
@@ -754,8 +793,9 @@ mod tests {
         assert_eq!(small.sources.len(), 1, "the freed place was reused");
     }
 
-    /// An op of the random test: accept a new origin of source `.0` (numbers of a source
-    /// rise, with gaps), or re-log the `.1`-th remembered durable origin.
+    /// An op of the random test: accept a new origin of a source (numbers of a source rise,
+    /// with gaps), re-log the `pick`-th remembered durable origin, or let time pass and
+    /// forget idle origins.
     #[derive(Clone, Debug)]
     enum Op {
         Accept {
@@ -766,6 +806,9 @@ mod tests {
         Relog {
             pick: usize,
         },
+        Advance {
+            ms: u64,
+        },
     }
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -774,84 +817,116 @@ mod tests {
             4 => (0..4usize, 1..4u64, proptest::bool::weighted(0.8))
                 .prop_map(|(source, gap, durable)| Op::Accept { source, gap, durable }),
             1 => (0..64usize).prop_map(|pick| Op::Relog { pick }),
+            1 => (0..40u64).prop_map(|ms| Op::Advance { ms }),
         ]
+    }
+
+    /// The test's plain model of a remembered origin.
+    struct Remembered {
+        id: String,
+        source: usize,
+        /// Orders origins as the table queues them (a re-log takes a new place).
+        place: u64,
+        lsn: Option<u64>,
+        seen_ms: u64,
     }
 
     proptest::proptest! {
         /// Against a plain list that forgets the oldest origin of the source holding the most
-        /// (of two holding as many, the one whose oldest is older): the same origins are
-        /// remembered and the same records released after every op; and the log replayed
-        /// (only when every origin was logged) rebuilds the same table.
+        /// (of two holding as many, the one whose oldest is older), and each source's oldest
+        /// while it is idle: the same origins are remembered and the same records released
+        /// after every op; and the log replayed (when every origin was logged and none was
+        /// forgotten for idleness) rebuilds the same table.
         #[test]
         fn forgetting_matches_a_plain_model_and_replay(
             ops in proptest::collection::vec(op(), 1..300),
             max in 1..12usize,
         ) {
-            let mut t = Origins::new(1_000_000, max);
-            // (id, source, place, lsn): place orders origins as the table queues them.
-            let mut model: Vec<(String, usize, u64, Option<u64>)> = Vec::new();
+            const IDLE_MS: u64 = 100;
+            let mut t = Origins::new(IDLE_MS, max);
+            let mut now = 0u64;
+            let mut model: Vec<Remembered> = Vec::new();
             let mut next = [0u64; 4];
             let mut place = 0u64;
             let mut lsn = 0u64;
             let mut log: Vec<(ProducerMark, u64)> = Vec::new();
-            let mut all_durable = true;
+            let mut replayable = true;
             let mut ids: Vec<String> = Vec::new();
+            let oldest_of = |model: &[Remembered], s: usize| {
+                model.iter().filter(|o| o.source == s).map(|o| o.place).min()
+            };
             for op in ops {
                 let mut expected = Vec::new();
-                let released = match op {
+                let mut released = match op {
                     Op::Accept { source, gap, durable } => {
                         next[source] += gap;
                         let id = format!("s{source}/ID:{}", next[source]);
                         while model.len() >= max {
-                            let held = |s: usize| model.iter().filter(|o| o.1 == s).count();
-                            let oldest = |s: usize| {
-                                model.iter().filter(|o| o.1 == s).map(|o| o.2).min().unwrap()
-                            };
+                            let held = |s: usize| model.iter().filter(|o| o.source == s).count();
                             let victim = (0..4)
                                 .filter(|&s| held(s) > 0)
-                                .max_by_key(|&s| (held(s), std::cmp::Reverse(oldest(s))))
+                                .max_by_key(|&s| {
+                                    (held(s), std::cmp::Reverse(oldest_of(&model, s)))
+                                })
                                 .unwrap();
-                            let at = model.iter().position(|o| o.2 == oldest(victim)).unwrap();
-                            expected.extend(model.remove(at).3);
+                            let oldest = oldest_of(&model, victim);
+                            let at = model.iter().position(|o| Some(o.place) == oldest).unwrap();
+                            expected.extend(model.remove(at).lsn);
                         }
-                        all_durable &= durable;
+                        replayable &= durable;
                         let at = durable.then(|| {
                             lsn += 1;
                             lsn
                         });
                         if let Some(at) = at {
-                            log.push((mark(&id, 0), at));
+                            log.push((mark(&id, now), at));
                         }
                         place += 1;
-                        model.push((id.clone(), source, place, at));
+                        model.push(Remembered { id: id.clone(), source, place, lsn: at, seen_ms: now });
                         ids.push(id.clone());
-                        accept(&mut t, &id, 0, at)
+                        accept(&mut t, &id, now, at)
                     }
                     Op::Relog { pick } => {
                         let durable: Vec<usize> =
-                            (0..model.len()).filter(|&i| model[i].3.is_some()).collect();
+                            (0..model.len()).filter(|&i| model[i].lsn.is_some()).collect();
                         if durable.is_empty() {
                             continue;
                         }
-                        let i = durable[pick % durable.len()];
+                        let o = &mut model[durable[pick % durable.len()]];
                         lsn += 1;
                         place += 1;
-                        model[i].2 = place;
-                        let old = model[i].3.replace(lsn).unwrap();
-                        log.push((mark(&model[i].0, 0), lsn));
-                        proptest::prop_assert_eq!(t.relogged(&model[i].0, lsn), old);
+                        o.place = place;
+                        let old = o.lsn.replace(lsn).unwrap();
+                        log.push((mark(&o.id, o.seen_ms), lsn));
+                        proptest::prop_assert_eq!(t.relogged(&o.id, lsn), old);
                         t.check_invariants();
                         Vec::new()
                     }
+                    Op::Advance { ms } => {
+                        now += ms;
+                        while let Some(at) = (0..model.len()).find(|&i| {
+                            let o = &model[i];
+                            oldest_of(&model, o.source) == Some(o.place)
+                                && o.seen_ms + IDLE_MS <= now
+                        }) {
+                            expected.extend(model.remove(at).lsn);
+                            replayable = false;
+                        }
+                        let released = t.forget_idle(now);
+                        t.check_invariants();
+                        released
+                    }
                 };
+                released.sort();
+                expected.sort();
                 proptest::prop_assert_eq!(released, expected);
                 for id in &ids {
-                    let known = model.iter().any(|o| &o.0 == id);
+                    let known = model.iter().any(|o| &o.id == id);
                     proptest::prop_assert_eq!(t.is_duplicate(id, 1), known, "{}", id);
                 }
             }
-            if all_durable {
-                let mut replayed = Origins::new(1_000_000, max);
+            if replayable {
+                let mut replayed = Origins::new(IDLE_MS, max);
                 for (m, at) in &log {
                     replayed.replay(m, *at);
                     replayed.check_invariants();
