@@ -22,6 +22,8 @@
 //! 7. A hub that two brokers forward to, with a small origin memory: one source's bridge is
 //!    cut (black hole, reset, `kill -9`) while the other floods the hub; the cut source's
 //!    resends are still recognised. Exactly once end to end.
+//! 8. A source broker killed just after forwarding (and restarted with the remote broker
+//!    gone) holds nothing it would forward again: its bridge's acknowledgements were durable.
 //!
 //! Every wait is bounded and fails with the brokers' logs; time is never a pass criterion.
 //! Fault schedules are random but seeded (printed; HAVEN_NETWORK_SEED replays them).
@@ -645,6 +647,76 @@ async fn a_hub_recognises_a_cut_sources_resends_while_another_source_floods_it()
     );
     assert_exactly_once(&cut_report, &all);
     assert_exactly_once(&busy_report, &all);
+}
+
+/// A source broker killed just after forwarding has nothing left to forward: its bridge's
+/// acknowledgements of what the remote broker stored reach its disk at once, not with its next
+/// timed sync (here 10 minutes away). The remote broker would drop the resends as duplicates,
+/// but only while it remembers their origins; what is not resent cannot be doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_killed_after_forwarding_has_nothing_left_to_forward() {
+    const QUEUE: &str = "/queue/forwarded-then-killed";
+    const MESSAGES: usize = 300;
+    /// The bridge acknowledges on A once B's RECEIPT is in: well within this.
+    const ACK_SETTLE_MS: u64 = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b] = free_addrs();
+    let mut bb = start_broker(dir.path(), "B", b, &[]);
+    // No timed sync on A during the test: only what asks for one reaches its disk.
+    let lazy = "[journal]\nmaintenance_interval_ms = 600000\n";
+    let mut ba = start_broker_with(dir.path(), "A", a, lazy, &[connector(&tcp(b), 1, "")]);
+    let history = Arc::new(History::new());
+    let on_b = Recorder::start(
+        "on B",
+        &quick_failover(&[tcp(b)]),
+        QUEUE,
+        history.clone(),
+        true,
+    )
+    .await;
+    let producer = connect(&tcp(a)).await;
+    assert!(
+        wait_queue_demand(&producer, QUEUE, &history).await,
+        "B's demand never reached A:\n{}",
+        logs_of(&[&ba, &bb])
+    );
+    send_all(&producer, QUEUE, "m", MESSAGES, 0, &[history.clone()], 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(PROGRESS_WAIT_MS);
+    while history.missing() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B's consumer is missing {} messages:\n{}",
+            history.missing(),
+            logs_of(&[&ba, &bb])
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(ACK_SETTLE_MS)).await;
+    // Nothing may touch A before it dies: a DISCONNECT asks for a sync, and any command lets
+    // A's core run its 100 ms flush. B then goes for good, so that nothing A still holds can
+    // leave it after the restart.
+    ba.kill9().expect("kill -9 A");
+    bb.kill9().expect("kill -9 B");
+    drop(on_b);
+    drop(producer);
+    ba.restart().expect("A restarts");
+    let local = connect(&tcp(a)).await;
+    let mut sub = local
+        .subscribe(QUEUE, haven_client::AckMode::Auto, &[])
+        .await
+        .expect("subscribe on A");
+    let mut left = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(QUIET_MS), sub.next()).await
+    {
+        left.push(body_id(&m.body));
+    }
+    assert!(
+        left.is_empty(),
+        "A kept {} forwarded messages and would forward them again: {:?}",
+        left.len(),
+        &left[..left.len().min(10)]
+    );
+    local.disconnect().await.expect("consumer disconnects");
 }
 
 /// Kills the master of `group` and waits for another member to serve; the old master then

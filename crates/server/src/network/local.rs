@@ -187,12 +187,19 @@ impl LocalConn {
     }
 
     /// Acknowledges `d` and, for a `client` subscription, every earlier delivery of it.
+    ///
+    /// The ACK asks for a RECEIPT that nobody waits for: a RECEIPT makes the core hand the
+    /// acknowledgement to the journal at once, where without one it waits for the next sync
+    /// someone asks for (up to 100 ms on a busy broker, a maintenance interval on an idle
+    /// one). A bridge acknowledges what the remote broker has stored, so a broker killed in
+    /// that window would forward those messages again on restart, and the remote broker
+    /// would have to recognise every one as a resend.
     pub async fn ack(&self, d: &Delivery) -> Result<(), ClientError> {
         self.core(Command::Ack {
             conn: self.inner.conn,
             ack: AckRef::Tag(d.ack_tag),
             transaction: None,
-            receipt: None,
+            receipt: Some(format!("local-ack-{}", self.next_id())),
         })
         .await
     }
