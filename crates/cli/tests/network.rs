@@ -680,7 +680,16 @@ async fn a_source_killed_after_forwarding_has_nothing_left_to_forward() {
         "B's demand never reached A:\n{}",
         logs_of(&[&ba, &bb])
     );
-    send_all(&producer, QUEUE, "m", MESSAGES, 0, &[history.clone()], 1).await;
+    send_all(
+        &producer,
+        QUEUE,
+        "m",
+        MESSAGES,
+        0,
+        std::slice::from_ref(&history),
+        1,
+    )
+    .await;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(PROGRESS_WAIT_MS);
     while history.missing() > 0 {
         assert!(
