@@ -16,6 +16,10 @@ SCENARIOS = {
 }
 # Issue 9: throughput ratio to ActiveMQ in the same run.
 TARGET_RATIO = {"a": 1.5, "b": 4.0, "c": 3.0, "d": 2.5}
+# Issue 9: throughput ratio to RabbitMQ's quorum queues in the same run.
+TARGET_RATIO_RABBIT_QUORUM = {"b": 4.0, "c": 4.0}
+# Issue 9: Haven's peak RSS at most this share of ActiveMQ's, scenario by scenario.
+TARGET_RSS_SHARE = 0.25
 # Issue 9, (e): Haven's drain rate within 20% of its own (b) rate in the same run, and issue 3's
 # memory bound held while the backlog is filled and drained.
 BACKLOG_DRAIN_VS_B = 0.8
@@ -93,8 +97,9 @@ def main_table(scenarios, brokers, runs, fsync):
     out.append("| scenario | broker | msg/s (median) | vs ActiveMQ | target | sent msg/s | send→receipt p50 / p99 (ms) "
                "| send→receive p50 / p99 (ms) | peak RSS (MiB) | runs ok |")
     out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    all_by = {}
     for s in scenarios:
-        by = {}
+        by = all_by[s] = {}
         for b in brokers:
             rs = [r for r in runs if r["scenario"] == s and r["broker"] == b]
             good = [r for r in rs if r.get("ok")]
@@ -137,6 +142,34 @@ def main_table(scenarios, brokers, runs, fsync):
             out.append("")
             out.append(f"(a) target p99 send→receipt ≤ 2× disk p99 fdatasync = {fmt(limit)} us: "
                        f"Haven {fmt(p99)} us → {'met' if p99 <= limit else '**missed**'}.")
+    out.extend(other_targets(all_by, brokers))
+    return out
+
+def other_targets(all_by, brokers):
+    """Issue 9's targets that are not a column of the table: (b) and (c) against RabbitMQ's
+    quorum queues, and Haven's peak RSS against ActiveMQ's, the worst scenario deciding."""
+    out = []
+    rq = "rabbitmq-quorum"
+    if "haven" in brokers and rq in brokers:
+        for s, target in TARGET_RATIO_RABBIT_QUORUM.items():
+            h, r = (all_by.get(s, {}).get(b, {}).get("rate") for b in ("haven", rq))
+            if h and r:
+                ratio = h / r
+                out.append("")
+                out.append(f"({s}) target ≥ {target}× RabbitMQ quorum queues: Haven {fmt(h)} against "
+                           f"{fmt(r)} msg/s, {fmt(ratio, 1)}× → {'met' if ratio >= target else '**missed**'}.")
+    if "haven" in brokers and "activemq" in brokers:
+        shares = []
+        for s, by in all_by.items():
+            h, a = by["haven"]["rss"], by["activemq"]["rss"]
+            if h and a:
+                shares.append((h / a, s, h, a))
+        if shares:
+            share, s, h, a = max(shares)
+            out.append("")
+            out.append(f"Peak RSS target ≤ {TARGET_RSS_SHARE:g}× ActiveMQ's in every scenario: the highest share is "
+                       f"({s}), Haven {fmt(h)} against {fmt(a)} MiB, {fmt(share, 2)}× → "
+                       f"{'met' if share <= TARGET_RSS_SHARE else '**missed**'}.")
     return out
 
 def backlog_table(backlog, brokers, runs):
