@@ -35,6 +35,7 @@ mod network;
 #[path = "support/traffic.rs"]
 mod traffic;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,18 @@ use traffic::{quick_failover, seed, spawn_producer, wait_progress, HEALING_RECEI
 const PRODUCER_TASKS: usize = 3;
 /// Further deliveries a consumer must see after each fault or move (progress).
 const PROGRESS_MESSAGES: u64 = 100;
+
+/// A consumer of `queue` on the broker at one of `addrs` (failing over quickly between them),
+/// recording every message, probes included, into `history`.
+async fn recorder_on(
+    label: &str,
+    addrs: &[SocketAddr],
+    queue: &str,
+    history: &Arc<History>,
+) -> Recorder {
+    let uris: Vec<String> = addrs.iter().map(|a| tcp(*a)).collect();
+    Recorder::start(label, &quick_failover(&uris), queue, history.clone(), true).await
+}
 
 async fn connect(uri: &str) -> Client {
     Client::connect(uri, ConnectOptions::default())
@@ -442,14 +455,7 @@ async fn bridge_killed_under_load_nothing_lost_or_doubled() {
     let mut bb = start_broker(dir.path(), "B", b, &[]);
     let mut ba = start_broker(dir.path(), "A", a, &[connector(&tcp(to_b.addr()), 1, "")]);
     let history = Arc::new(History::new());
-    let on_b = Recorder::start(
-        "on B",
-        &quick_failover(&[tcp(b)]),
-        QUEUE,
-        history.clone(),
-        true,
-    )
-    .await;
+    let on_b = recorder_on("on B", &[b], QUEUE, &history).await;
     let producer = connect(&quick_failover(&[tcp(a)])).await;
     assert!(
         wait_queue_demand(&producer, QUEUE, &history).await,
@@ -547,22 +553,8 @@ async fn a_hub_recognises_a_cut_sources_resends_while_another_source_floods_it()
     let bc = start_broker(dir.path(), "C", c, &[connector(&tcp(b), 1, "")]);
     let cut_history = Arc::new(History::new());
     let busy_history = Arc::new(History::new());
-    let cut_on_b = Recorder::start(
-        "cut on B",
-        &quick_failover(&[tcp(b)]),
-        CUT_QUEUE,
-        cut_history.clone(),
-        true,
-    )
-    .await;
-    let busy_on_b = Recorder::start(
-        "busy on B",
-        &quick_failover(&[tcp(b)]),
-        BUSY_QUEUE,
-        busy_history.clone(),
-        true,
-    )
-    .await;
+    let cut_on_b = recorder_on("cut on B", &[b], CUT_QUEUE, &cut_history).await;
+    let busy_on_b = recorder_on("busy on B", &[b], BUSY_QUEUE, &busy_history).await;
     let all = [&ba, &bb, &bc];
     let cut_producer = connect(&quick_failover(&[tcp(a)])).await;
     let busy_producer = connect(&quick_failover(&[tcp(c)])).await;
@@ -666,14 +658,7 @@ async fn a_source_killed_after_forwarding_has_nothing_left_to_forward() {
     let lazy = "[journal]\nmaintenance_interval_ms = 600000\n";
     let mut ba = start_broker_with(dir.path(), "A", a, lazy, &[connector(&tcp(b), 1, "")]);
     let history = Arc::new(History::new());
-    let on_b = Recorder::start(
-        "on B",
-        &quick_failover(&[tcp(b)]),
-        QUEUE,
-        history.clone(),
-        true,
-    )
-    .await;
+    let on_b = recorder_on("on B", &[b], QUEUE, &history).await;
     let producer = connect(&tcp(a)).await;
     assert!(
         wait_queue_demand(&producer, QUEUE, &history).await,
@@ -831,14 +816,7 @@ async fn ha_member_loses_its_master_while_forwarding() {
         &[connector(&failover_group(&[b1, b2]), 1, "")],
     );
     let history = Arc::new(History::new());
-    let on_b = Recorder::start(
-        "on B",
-        &quick_failover(&[tcp(b1), tcp(b2)]),
-        QUEUE,
-        history.clone(),
-        true,
-    )
-    .await;
+    let on_b = recorder_on("on B", &[b1, b2], QUEUE, &history).await;
     let producer = connect(&quick_failover(&[tcp(a)])).await;
     let flow = Flow {
         producer,
