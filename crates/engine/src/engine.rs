@@ -22,7 +22,7 @@ use crate::error::EngineError;
 use crate::hash::{HashMap, IdMap};
 use crate::live::{LiveObject, LiveSet};
 use crate::message::Message;
-use crate::origins::Origins;
+use crate::origins::{OriginStats, Origins};
 use crate::producers::{is_network_origin, MarkTable, ProducerStats, Producers, Released};
 use crate::queue::{ColdRef, ConsumerKind, Entry, InFlight, Queue, QueueId};
 use crate::record::{ProducerMark, Record};
@@ -2743,9 +2743,10 @@ impl Engine {
         self.producers.stats()
     }
 
-    /// Network origins (`haven-net-origin` of forwarded messages): `producers` is the origins
-    /// remembered, `duplicates_dropped_total` the forwarded SENDs answered as duplicates.
-    pub fn origin_stats(&self) -> ProducerStats {
+    /// Network origins (`haven-net-origin` of forwarded messages): how many are remembered,
+    /// from how many sources, the forwarded SENDs answered as duplicates, and what was
+    /// forgotten.
+    pub fn origin_stats(&self) -> OriginStats {
         self.origins.stats()
     }
 

@@ -27,6 +27,7 @@ pub mod hash;
 mod live;
 mod message;
 mod origins;
+pub use origins::OriginStats;
 mod producers;
 mod queue;
 pub mod read_ahead;

@@ -41,7 +41,7 @@
 //! the limit live and are gone after a restart, so then the two may forget different ones.
 
 use crate::hash::HashMap;
-use crate::producers::{Forgetting, Id, MarkTable, ProducerStats, Released, PRODUCER_ID_BYTES_MAX};
+use crate::producers::{Forgetting, Id, MarkTable, Released, PRODUCER_ID_BYTES_MAX};
 use crate::record::ProducerMark;
 use std::cell::Cell;
 use std::cmp::Reverse;
@@ -154,6 +154,22 @@ struct Slot {
     lsn: Option<u64>,
 }
 
+/// What the origin table holds and has done, for the broker's log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OriginStats {
+    /// Origins remembered.
+    pub remembered: usize,
+    /// Sources they come from (one run of one broker each, for bridges).
+    pub sources: usize,
+    /// Resends recognised: answered and not stored.
+    pub duplicates_dropped_total: u64,
+    /// Origins forgotten, for idleness or for room.
+    pub forgotten_total: u64,
+    /// Of those, forgotten for room: a table that forgets for room may forget what a source
+    /// would still resend (`network_origins_max` is then too small for the traffic).
+    pub forgotten_for_room_total: u64,
+}
+
 /// (origins held, Reverse(stamp of the oldest), index).
 type SizeKey = (usize, Reverse<u64>, u32);
 
@@ -186,6 +202,8 @@ pub(crate) struct Origins {
     by_idle: BTreeSet<IdleKey>,
     /// The next slot's stamp.
     next_stamp: u64,
+    /// Origins forgotten to make room for new ones.
+    forgotten_for_room_total: u64,
     /// Prefix → index in `sources` (keyed hashing: clients choose origins).
     by_prefix: HashMap<Arc<str>, u32>,
     /// The source of the last lookup: a bridge's traffic names the same one message after
@@ -203,6 +221,7 @@ impl Origins {
             by_size: BTreeSet::new(),
             by_idle: BTreeSet::new(),
             next_stamp: 0,
+            forgotten_for_room_total: 0,
             by_prefix: HashMap::default(),
             last_source: Cell::new(NO_SOURCE),
             forgetting: Forgetting::new(idle_ms_max, origins_max),
@@ -377,6 +396,7 @@ impl Origins {
         while self.len >= self.forgetting.entries_max {
             let largest = self.largest();
             self.forget_front(largest, released);
+            self.forgotten_for_room_total += 1;
         }
         let (prefix, number) = split(id);
         let index = self.find_or_add_source(prefix);
@@ -454,8 +474,15 @@ impl Origins {
     // ----------------------------------------------------------------------------------------
     // Inspection
 
-    pub fn stats(&self) -> ProducerStats {
-        self.forgetting.stats(self.len)
+    pub fn stats(&self) -> OriginStats {
+        let counts = self.forgetting.stats(self.len);
+        OriginStats {
+            remembered: self.len,
+            sources: self.by_prefix.len(),
+            duplicates_dropped_total: counts.duplicates_dropped_total,
+            forgotten_total: counts.forgotten_total,
+            forgotten_for_room_total: self.forgotten_for_room_total,
+        }
     }
 
     /// Origin → (1, seen_ms) as the log has it: equal before a crash and after replay.
@@ -653,7 +680,7 @@ mod tests {
             (0, 0, 1, 1)
         );
         assert_eq!(t.stats().forgotten_total, 2);
-        assert_eq!(t.stats().producers, 2);
+        assert_eq!(t.stats().remembered, 2);
     }
 
     #[test]
@@ -665,7 +692,7 @@ mod tests {
         assert_eq!(t.forget_idle(100), vec![1]);
         assert!(t.forget_idle(149).is_empty());
         assert!(t.forget_idle(150).is_empty(), "b had no record");
-        assert_eq!(t.stats().producers, 0);
+        assert_eq!(t.stats().remembered, 0);
         t.check_invariants();
     }
 
@@ -698,10 +725,10 @@ mod tests {
         accept(&mut t, "b/2", 120, Some(3));
         assert_eq!(t.forget_idle(110), vec![1, 2]);
         assert!(t.forget_idle(150).is_empty(), "a/2 had no record");
-        assert_eq!(t.stats().producers, 1);
+        assert_eq!(t.stats().remembered, 1);
         assert!(t.is_duplicate("b/2", 1));
         assert_eq!(t.forget_idle(220), vec![3]);
-        assert_eq!(t.stats().producers, 0);
+        assert_eq!(t.stats().remembered, 0);
         t.check_invariants();
     }
 
@@ -717,7 +744,7 @@ mod tests {
         assert_eq!(accept(&mut t, "c", 20, Some(8)), vec![2]);
         // Idle forgetting stops at the front ("a" is idle at 100, and goes).
         assert_eq!(t.forget_idle(100), vec![7]);
-        assert_eq!(t.stats().producers, 1);
+        assert_eq!(t.stats().remembered, 1);
     }
 
     #[test]

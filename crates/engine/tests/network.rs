@@ -560,7 +560,7 @@ fn network_origins_survive_replay() {
     send_with(&mut h, 1, "m", origin("store-a/ID:haven-7")).unwrap();
     h.crash_and_recover();
     assert_eq!(
-        h.engine.origin_stats().producers,
+        h.engine.origin_stats().remembered,
         1,
         "replayed into the origin table"
     );
@@ -582,7 +582,7 @@ fn a_compacted_origin_mark_replays_into_the_origin_table() {
     assert_eq!(h.relocate(limit, 100), 1, "only the origin's mark is live");
     h.checkpoint_and_truncate();
     h.crash_and_recover();
-    assert_eq!(h.engine.origin_stats().producers, 1);
+    assert_eq!(h.engine.origin_stats().remembered, 1);
     assert_eq!(h.engine.producer_stats().producers, 0);
     h.connect(2, None);
     send_with(&mut h, 2, "m", origin("store-a/ID:haven-7")).unwrap();
@@ -646,7 +646,7 @@ fn origins_and_application_producers_have_separate_limits() {
         send_with(&mut h, 1, &format!("o{n}"), origin(&format!("s/ID:{n}"))).unwrap();
     }
     let origins = h.engine.origin_stats();
-    assert_eq!((origins.producers, origins.forgotten_total), (2, 1));
+    assert_eq!((origins.remembered, origins.forgotten_total), (2, 1));
     let apps = h.engine.producer_stats();
     assert_eq!(
         (apps.producers, apps.forgotten_total),
@@ -660,7 +660,7 @@ fn origins_and_application_producers_have_separate_limits() {
     assert_eq!(stored(&h), 5);
     // Origins go idle after their own limit; the application's producer is kept.
     h.tick(1_000);
-    assert_eq!(h.engine.origin_stats().producers, 0);
+    assert_eq!(h.engine.origin_stats().remembered, 0);
     assert_eq!(h.engine.producer_hwm("app"), 1);
     assert_eq!(
         h.engine.durable_producers().keys().collect::<Vec<_>>(),
@@ -1008,10 +1008,15 @@ fn a_busy_source_cannot_push_out_the_origins_a_quiet_source_will_resend() {
         send_with(&mut h, 1, &format!("b{n}"), origin(&format!("busy/ID:{n}"))).unwrap();
     }
     assert_eq!(stored(&h), 32);
+    let stats = h.engine.origin_stats();
     assert_eq!(
-        h.engine.origin_stats().forgotten_total,
-        26,
-        "all from the busy source"
+        (
+            stats.sources,
+            stats.forgotten_total,
+            stats.forgotten_for_room_total
+        ),
+        (2, 26, 26),
+        "all from the busy source, for room"
     );
     let live = h.engine.durable_producers();
     h.crash_and_recover();
@@ -1039,7 +1044,7 @@ fn a_busy_source_cannot_push_out_the_origins_a_quiet_source_will_resend() {
     send_with(&mut h, 1, "b26", origin("busy/ID:26")).unwrap();
     assert_eq!(stored(&h), 33, "busy/ID:26 was forgotten");
     // The table is full: the busy source (four, then five with b26) still gives way first.
-    assert_eq!(h.engine.origin_stats().producers, 6);
+    assert_eq!(h.engine.origin_stats().remembered, 6);
     let e = send_with(&mut h, 1, "q1", origin("quiet/ID:1")).unwrap();
     assert_eq!(receipts(&e), ["r-q1"]);
     assert_eq!(stored(&h), 33);

@@ -14,7 +14,9 @@
 use crate::error::ServerError;
 use crate::send_window::{send_body_bytes, SendCredit};
 use haven_engine::hash::IdMap;
-use haven_engine::{Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, Output, Record};
+use haven_engine::{
+    Command, ConnId, Ctx, Delivery, Effect, Engine, EngineError, OriginStats, Output, Record,
+};
 use haven_journal::{JournalFailure, Lsn, SegmentInfo};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -119,6 +121,10 @@ const PARKED_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// At most one "SEND held back" line per this long (the rest are counted in the next).
 const HELD_BACK_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// At most one line about the network-origin table per this long, and only when it changed
+/// (as the bridges report theirs).
+const ORIGINS_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Counts events and says when to log them: the first at once, then at most once per
 /// `interval`, with how many happened since the last line.
 #[derive(Debug)]
@@ -207,6 +213,8 @@ pub(crate) struct Core {
     /// Producer flow control's log line (a held-back producer is held again at every batch it
     /// sends, so the line is throttled).
     held_back_log: LogThrottle,
+    /// The network-origin table as last logged, and when.
+    origins_logged: (OriginStats, Option<Instant>),
     /// A failure the engine met (a paged-out message could not be read back): stop.
     fatal: Option<String>,
     /// The last LSN appended as of the previous loop turn (see the assertion in `run`).
@@ -299,6 +307,7 @@ impl Core {
             disk_block: None,
             paging: false,
             held_back_log: LogThrottle::new(HELD_BACK_LOG_INTERVAL),
+            origins_logged: (OriginStats::default(), None),
             fatal: None,
             appended_last: durable,
             lost,
@@ -836,6 +845,28 @@ impl Core {
         self.paging = paging;
     }
 
+    /// On a broker that others forward to: what its memory of forwarded messages holds, how
+    /// many resends it recognised, and how many origins it forgot to make room (growing fast
+    /// against a source's in-flight batches means `network_origins_max` is small for the
+    /// traffic; docs/NETWORK.md).
+    fn log_origins(&mut self) {
+        let stats = self.engine.origin_stats();
+        let (logged, at) = self.origins_logged;
+        let now = Instant::now();
+        if stats == logged || at.is_some_and(|at| now.duration_since(at) < ORIGINS_LOG_INTERVAL) {
+            return;
+        }
+        tracing::info!(
+            remembered = stats.remembered,
+            sources = stats.sources,
+            resends_dropped_total = stats.duplicates_dropped_total,
+            forgotten_total = stats.forgotten_total,
+            forgotten_for_room_total = stats.forgotten_for_room_total,
+            "network origins"
+        );
+        self.origins_logged = (stats, Some(now));
+    }
+
     /// Frees disk: deletes segments nothing live needs, and re-logs the few live records of
     /// a sparse oldest segment so it can be deleted next time.
     fn maintain(&mut self) {
@@ -848,6 +879,7 @@ impl Core {
         let segments = self.journal.segments();
         self.check_disk(segments.len() as u64);
         self.log_paging();
+        self.log_origins();
         // Idle producers are forgotten by the engine's clock (also when no redelivery or
         // schedule makes the core tick more often).
         let ctx = self.ctx();
