@@ -213,8 +213,9 @@ pub(crate) struct Core {
     /// Producer flow control's log line (a held-back producer is held again at every batch it
     /// sends, so the line is throttled).
     held_back_log: LogThrottle,
-    /// The network-origin table as last logged, and when.
-    origins_logged: (OriginStats, Option<Instant>),
+    /// The network-origin table as last logged, and its line's throttle (a line per change).
+    origins_logged: OriginStats,
+    origins_log: LogThrottle,
     /// A failure the engine met (a paged-out message could not be read back): stop.
     fatal: Option<String>,
     /// The last LSN appended as of the previous loop turn (see the assertion in `run`).
@@ -307,7 +308,8 @@ impl Core {
             disk_block: None,
             paging: false,
             held_back_log: LogThrottle::new(HELD_BACK_LOG_INTERVAL),
-            origins_logged: (OriginStats::default(), None),
+            origins_logged: OriginStats::default(),
+            origins_log: LogThrottle::new(ORIGINS_LOG_INTERVAL),
             fatal: None,
             appended_last: durable,
             lost,
@@ -851,9 +853,7 @@ impl Core {
     /// traffic; docs/NETWORK.md).
     fn log_origins(&mut self) {
         let stats = self.engine.origin_stats();
-        let (logged, at) = self.origins_logged;
-        let now = Instant::now();
-        if stats == logged || at.is_some_and(|at| now.duration_since(at) < ORIGINS_LOG_INTERVAL) {
+        if stats == self.origins_logged || self.origins_log.note(Instant::now()).is_none() {
             return;
         }
         tracing::info!(
@@ -864,7 +864,7 @@ impl Core {
             forgotten_for_room_total = stats.forgotten_for_room_total,
             "network origins"
         );
-        self.origins_logged = (stats, Some(now));
+        self.origins_logged = stats;
     }
 
     /// Frees disk: deletes segments nothing live needs, and re-logs the few live records of
