@@ -7,7 +7,7 @@
 #
 #   bench/ab.sh SCENARIO REPS VARIANT...
 #
-# SCENARIO is a, b, c, d, f or g (the suite's flags, bench/scenarios.sh); a VARIANT is
+# SCENARIO is a, a0, b, c, d, f or g (the suite's flags, bench/scenarios.sh); a VARIANT is
 # "[VAR=value ...] BIN [haven run flags ...]" (environment and flags for the broker only), e.g.
 #   bench/ab.sh c 4 target/release/haven "target/release/haven --config two-workers.toml"
 # Environment: DURATION_S (5), AB_PORT (62031), BENCH_BIN (the first variant's binary runs

@@ -10,7 +10,7 @@
 # stdout and bench/results/latest.md (raw JSON lines beside it); --record also puts the table
 # into BENCHMARKS.md ("Last recorded run", bench/record.py). Stops everything it started.
 #
-# Scenarios (BENCHMARKS.md, "Scenarios"): a b c d f g run for --duration-s each; e is
+# Scenarios (BENCHMARKS.md, "Scenarios"): a a0 b c d f g run for --duration-s each; e is
 # count-based: a backlog of --backlog-n messages (default 1,000,000) filled with no consumer,
 # then drained by one, on a queue of its own per repetition.
 # Every broker is started once and kept for the whole suite, but only the one being measured
@@ -59,7 +59,7 @@ BACKLOG_PHASE_TIMEOUT_S=${BACKLOG_PHASE_TIMEOUT_S:-1800}
 
 log() { echo "[compare] $*" >&2; }
 for s in $SCENARIOS; do
-  case "$s" in a|b|c|d|e|f|g) ;; *) log "unknown scenario $s (a-g)"; exit 2 ;; esac
+  case "$s" in a|a0|b|c|d|e|f|g) ;; *) log "unknown scenario $s (a a0 b c d e f g)"; exit 2 ;; esac
 done
 for v in REPS BACKLOG_N BACKLOG_PHASE_TIMEOUT_S; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { log "$v=${!v} is not a positive whole number"; exit 2; }
