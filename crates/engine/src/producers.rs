@@ -80,6 +80,13 @@ pub struct ProducerStats {
     pub duplicates_dropped_total: u64,
     /// Producers forgotten since start, idle or evicted by `producers_max`.
     pub forgotten_total: u64,
+    /// Of those, forgotten to make room for a new one (`producers_max`): a producer still
+    /// within its idle window lost its mark, so a resend from it would be stored again.
+    pub forgotten_for_room_total: u64,
+    /// For the producer most recently forgotten for room: how long before its eviction it
+    /// had last raised its mark (ms). The table's effective window: a client away longer
+    /// than this, under the same churn of producer ids, comes back forgotten.
+    pub room_window_ms: Option<u64>,
 }
 
 /// What both mark tables keep besides their marks: how they forget, and what they counted.
@@ -117,6 +124,8 @@ impl Forgetting {
             producers: remembered,
             duplicates_dropped_total: self.duplicates_dropped_total,
             forgotten_total: self.forgotten_total,
+            forgotten_for_room_total: 0,
+            room_window_ms: None,
         }
     }
 }
@@ -167,6 +176,9 @@ pub(crate) struct Producers {
     /// Who owns each producer now: (connection, its `haven-session`).
     owners: HashMap<String, (ConnId, u64)>,
     forgetting: Forgetting,
+    /// `ProducerStats::forgotten_for_room_total` and `room_window_ms`.
+    forgotten_for_room_total: u64,
+    room_window_ms: Option<u64>,
 }
 
 impl Producers {
@@ -176,6 +188,8 @@ impl Producers {
             by_seen: BTreeSet::new(),
             owners: HashMap::default(),
             forgetting: Forgetting::new(idle_ms_max, producers_max),
+            forgotten_for_room_total: 0,
+            room_window_ms: None,
         }
     }
 
@@ -202,8 +216,10 @@ impl Producers {
         released: &mut Released,
     ) -> Id {
         while self.entries.len() >= self.forgetting.entries_max {
-            let (_, victim) = self.by_seen.first().cloned().expect("table not empty");
+            let (victim_seen_ms, victim) = self.by_seen.first().cloned().expect("table not empty");
             self.forget(&victim, released);
+            self.forgotten_for_room_total += 1;
+            self.room_window_ms = Some(seen_ms.saturating_sub(victim_seen_ms));
         }
         let id: Id = Arc::from(id);
         self.by_seen.insert((seen_ms, id.clone()));
@@ -266,7 +282,11 @@ impl Producers {
     // Inspection
 
     pub fn stats(&self) -> ProducerStats {
-        self.forgetting.stats(self.entries.len())
+        ProducerStats {
+            forgotten_for_room_total: self.forgotten_for_room_total,
+            room_window_ms: self.room_window_ms,
+            ..self.forgetting.stats(self.entries.len())
+        }
     }
 
     /// Producer → (seq, seen_ms) as the log has it: equal before a crash and after replay.
@@ -463,9 +483,23 @@ mod tests {
         accept(&mut p, "a", 1, 10, Some(1));
         accept(&mut p, "b", 1, 5, Some(2));
         accept(&mut p, "a", 2, 20, Some(3));
+        assert_eq!(p.stats().forgotten_for_room_total, 0);
         let released = accept(&mut p, "c", 1, 30, Some(4));
         assert_eq!(released, vec![2]);
         assert_eq!((p.hwm("a"), p.hwm("b"), p.hwm("c")), (2, 0, 1));
+        // b last raised its mark at 5 and was forgotten for room at 30.
+        let stats = p.stats();
+        assert_eq!(
+            (stats.forgotten_for_room_total, stats.room_window_ms),
+            (1, Some(25))
+        );
+        // Forgetting for idleness is not forgetting for room.
+        assert_eq!(p.forget_idle(1_020).len(), 1);
+        let stats = p.stats();
+        assert_eq!(
+            (stats.forgotten_total, stats.forgotten_for_room_total),
+            (2, 1)
+        );
         p.check_invariants();
     }
 

@@ -125,6 +125,10 @@ const HELD_BACK_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// (as the bridges report theirs).
 const ORIGINS_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// At most one warning about producers forgotten for room per this long, and only when more
+/// were.
+const PRODUCERS_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Counts events and says when to log them: the first at once, then at most once per
 /// `interval`, with how many happened since the last line.
 #[derive(Debug)]
@@ -216,6 +220,9 @@ pub(crate) struct Core {
     /// The network-origin table as last logged, and its line's throttle (a line per change).
     origins_logged: OriginStats,
     origins_log: LogThrottle,
+    /// Producers forgotten for room as of the last warning, and its throttle.
+    producers_room_logged: u64,
+    producers_log: LogThrottle,
     /// A failure the engine met (a paged-out message could not be read back): stop.
     fatal: Option<String>,
     /// The last LSN appended as of the previous loop turn (see the assertion in `run`).
@@ -310,6 +317,8 @@ impl Core {
             held_back_log: LogThrottle::new(HELD_BACK_LOG_INTERVAL),
             origins_logged: OriginStats::default(),
             origins_log: LogThrottle::new(ORIGINS_LOG_INTERVAL),
+            producers_room_logged: 0,
+            producers_log: LogThrottle::new(PRODUCERS_LOG_INTERVAL),
             fatal: None,
             appended_last: durable,
             lost,
@@ -867,6 +876,28 @@ impl Core {
         self.origins_logged = stats;
     }
 
+    /// Warns while the producer table forgets producers to make room (`limits.producers_max`)
+    /// rather than for idleness: the exactly-once window is then shorter than
+    /// `producer_idle_ms_max`, and `window_s` says how short. Nothing else shows it: a client
+    /// that comes back forgotten gets `haven-seq:0` and its resends are stored again.
+    fn log_producers_forgotten_for_room(&mut self) {
+        let stats = self.engine.producer_stats();
+        let total = stats.forgotten_for_room_total;
+        if total == self.producers_room_logged || self.producers_log.note(Instant::now()).is_none()
+        {
+            return;
+        }
+        tracing::warn!(
+            producers = stats.producers,
+            forgotten_for_room = total - self.producers_room_logged,
+            forgotten_for_room_total = total,
+            window_s = stats.room_window_ms.unwrap_or(0) / 1000,
+            "producer table full (limits.producers_max): producers are forgotten to make room; \
+             a client away longer than window_s that resends has its message stored again"
+        );
+        self.producers_room_logged = total;
+    }
+
     /// Frees disk: deletes segments nothing live needs, and re-logs the few live records of
     /// a sparse oldest segment so it can be deleted next time.
     fn maintain(&mut self) {
@@ -880,6 +911,7 @@ impl Core {
         self.check_disk(segments.len() as u64);
         self.log_paging();
         self.log_origins();
+        self.log_producers_forgotten_for_room();
         // Idle producers are forgotten by the engine's clock (also when no redelivery or
         // schedule makes the core tick more often).
         let ctx = self.ctx();
