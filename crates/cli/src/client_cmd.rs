@@ -169,8 +169,11 @@ impl EventLog {
                 Ok(ConnectionEvent::Failed { reason }) => {
                     self.failed.get_or_insert_with(|| reason.to_string());
                 }
+                // A forgotten producer is logged as a warning by the client library itself.
                 Ok(
-                    ConnectionEvent::Interrupted { .. } | ConnectionEvent::ClusterUpdated { .. },
+                    ConnectionEvent::Interrupted { .. }
+                    | ConnectionEvent::ClusterUpdated { .. }
+                    | ConnectionEvent::ProducerForgotten { .. },
                 ) => {}
                 // More than the client's event buffer behind: only brokers and refusals could
                 // be missed, and those are also visible through `Client::broker`/the outcome.

@@ -1,13 +1,15 @@
 //! A producer table that forgets producers to make room (`limits.producers_max`) shortens the
 //! exactly-once window below `producer_idle_ms_max`, and until 2026-12-05 nothing showed it:
 //! the client that came back forgotten got `haven-seq:0`, and its resend was stored again.
-//! The broker now warns, with how many it forgot and how long the last one had been away.
-//! The real binary and its log.
+//! The broker now warns, with how many it forgot and how long the last one had been away, and
+//! a failover client that comes back to a store that forgot it says so
+//! (`ConnectionEvent::ProducerForgotten`). The real binary, its log and the Rust client.
 
 use std::time::{Duration, Instant};
 
-use haven_client::{AckMode, ConnectOptions, Connection};
-use haven_testkit::{free_addr, BrokerOpts, BrokerProcess};
+use haven_client::{AckMode, Client, ConnectOptions, Connection, ConnectionEvent};
+use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Fault, Proxy};
+use tokio::sync::broadcast;
 
 /// Bound on every wait for the broker (a log line, a message).
 const WAIT_MS: u64 = 10_000;
@@ -112,5 +114,128 @@ async fn a_table_that_forgets_for_room_says_so_and_how_short_its_window_is() {
 
     again.disconnect().await.unwrap();
     c.disconnect().await.unwrap();
+    broker.stop().expect("broker stops");
+}
+
+fn broker_with_room_for(dir: &std::path::Path, producers_max: usize) -> BrokerProcess {
+    let mut opts = BrokerOpts::new(env!("CARGO_BIN_EXE_haven"), dir.join("broker"), free_addr());
+    opts.config_toml = Some(format!("[limits]\nproducers_max = {producers_max}\n"));
+    BrokerProcess::start(opts).expect("broker starts")
+}
+
+/// Waits for the next `Resumed`, collecting what came before it.
+async fn until_resumed(events: &mut broadcast::Receiver<ConnectionEvent>) -> Vec<ConnectionEvent> {
+    let mut seen = Vec::new();
+    loop {
+        let e = tokio::time::timeout(Duration::from_millis(WAIT_MS), events.recv())
+            .await
+            .expect("an event within the wait")
+            .expect("events open");
+        let resumed = matches!(e, ConnectionEvent::Resumed { .. });
+        seen.push(e);
+        if resumed {
+            return seen;
+        }
+    }
+}
+
+fn forgotten(events: &[ConnectionEvent]) -> Vec<(u64, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ConnectionEvent::ProducerForgotten {
+                mark, confirmed, ..
+            } => Some((*mark, *confirmed)),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn cut(proxy: &Proxy) {
+    proxy.set(Fault::Reset);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set(Fault::Pass);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_client_is_told_when_the_store_forgot_its_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = broker_with_room_for(dir.path(), 1);
+    let proxy = Proxy::start(broker.addr()).expect("proxy starts");
+    let uri = format!(
+        "failover:(tcp://{})?initialReconnectDelay=10&maxReconnectDelay=100",
+        proxy.addr()
+    );
+    let client = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .expect("connects");
+    let mut events = client.events();
+    // No `persistent` header: the broker's default (persistent), which CONNECTED announces.
+    let persistent = [];
+    client
+        .send_receipted("/queue/x", &persistent, "m1")
+        .await
+        .expect("m1");
+
+    // Remembered: a reconnect is an ordinary resume.
+    cut(&proxy).await;
+    assert_eq!(forgotten(&until_resumed(&mut events).await), []);
+    client
+        .send_receipted("/queue/x", &persistent, "m2")
+        .await
+        .expect("m2");
+
+    // Another producer takes the only place in the table; the client's next CONNECTED says 0
+    // where the store had confirmed 2.
+    let other = connect(&broker, None).await;
+    send(&other, "other", "1", "o1").await;
+    cut(&proxy).await;
+    assert_eq!(forgotten(&until_resumed(&mut events).await), [(0, 2)]);
+    assert_eq!(client.stats().producer_forgotten, 1);
+
+    // Said once: reconnecting again before the next SEND is not a second loss.
+    cut(&proxy).await;
+    assert_eq!(forgotten(&until_resumed(&mut events).await), []);
+    // The store knows the producer again from its next SEND on.
+    client
+        .send_receipted("/queue/x", &persistent, "m3")
+        .await
+        .expect("m3");
+    cut(&proxy).await;
+    assert_eq!(forgotten(&until_resumed(&mut events).await), []);
+
+    other.disconnect().await.unwrap();
+    client.disconnect().await.unwrap();
+    broker.stop().expect("broker stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_drops_non_persistent_marks_is_not_taken_for_forgetting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = broker_with_room_for(dir.path(), 100);
+    let uri = format!(
+        "failover:(tcp://{})?initialReconnectDelay=10&maxReconnectDelay=100",
+        broker.addr()
+    );
+    let client = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .expect("connects");
+    let mut events = client.events();
+    client
+        .send_receipted("/queue/x", &[], "p1")
+        .await
+        .expect("p1");
+    // Raises the broker's mark to 2 in memory only: a restart forgets it, and the mark in
+    // the next CONNECTED is 1, below what the client had confirmed (2), yet nothing of the
+    // store's was forgotten.
+    client
+        .send_receipted("/queue/x", &[("persistent", "false")], "n2")
+        .await
+        .expect("n2");
+    broker.restart().expect("broker restarts");
+    let seen = until_resumed(&mut events).await;
+    assert_eq!(forgotten(&seen), [], "{seen:?}");
+    assert_eq!(client.stats().producer_forgotten, 0);
+    client.disconnect().await.unwrap();
     broker.stop().expect("broker stops");
 }

@@ -76,6 +76,16 @@ pub enum ConnectionEvent {
     },
     /// The broker list grew or changed from a cluster announcement.
     ClusterUpdated { brokers: Vec<String> },
+    /// The store behind `broker` had confirmed persistent SENDs of this client up to sequence
+    /// `confirmed`, but its CONNECTED now says `mark`: it forgot this producer (its table
+    /// forgot it for room or idleness: `limits.producers_max`, `limits.producer_idle_ms_max`).
+    /// The `resent` SENDs written again may be stored twice; nothing is lost.
+    ProducerForgotten {
+        broker: String,
+        mark: u64,
+        confirmed: u64,
+        resent: usize,
+    },
     /// Reconnecting gave up (`maxReconnectAttempts`): the client is closed.
     Failed { reason: ClientError },
 }
@@ -121,8 +131,14 @@ struct State {
     pending: BTreeMap<u64, Pending>,
     subs: BTreeMap<String, Arc<SubTracker>>,
     txs: BTreeMap<String, Tx>,
-    /// Store id per connection generation (for duplicate-filter keys).
-    stores: VecDeque<(u64, Arc<str>)>,
+    /// Store id per connection generation (for duplicate-filter keys), and whether that
+    /// broker stores a SEND without a `persistent` header (`haven-persistent-default`; None
+    /// from a broker that does not say).
+    stores: VecDeque<(u64, Arc<str>, Option<bool>)>,
+    /// Per store, the highest sequence of a persistent SEND it confirmed: a later CONNECTED
+    /// from that store with a lower mark means it forgot this producer. At most
+    /// `GENERATIONS_REMEMBERED_MAX` stores, the first one seen dropped first.
+    confirmed_persistent: VecDeque<(Arc<str>, u64)>,
     stats: ClientStats,
     /// The connection being restored: it delivers messages (and must take their ACKs) before
     /// it becomes the published `Link::Up`.
@@ -144,14 +160,69 @@ pub struct ClientStats {
     pub duplicates_dropped: u64,
     /// Connections re-established after a loss.
     pub reconnects: u64,
+    /// Reconnects on which the store had forgotten this producer
+    /// (`ConnectionEvent::ProducerForgotten`).
+    pub producer_forgotten: u64,
 }
 
 impl State {
     fn store_of(&self, generation: u64) -> Option<Arc<str>> {
         self.stores
             .iter()
-            .find(|(g, _)| *g == generation)
-            .map(|(_, s)| s.clone())
+            .find(|(g, _, _)| *g == generation)
+            .map(|(_, s, _)| s.clone())
+    }
+
+    /// The highest persistent SEND `store` confirmed, if it confirmed any.
+    fn confirmed_on(&self, store: &str) -> Option<u64> {
+        self.confirmed_persistent
+            .iter()
+            .find(|(s, _)| &**s == store)
+            .map(|(_, seq)| *seq)
+    }
+
+    /// A RECEIPT for tracked frame `seq` arrived: if it is a persistent SEND, the store of the
+    /// connection it was written on has it (`confirmed_on`). Confirmations by a CONNECTED's
+    /// mark do not count: the mark also covers non-persistent SENDs, which a restart forgets.
+    fn credit_receipt(&mut self, seq: u64) {
+        let Some(p) = self.pending.get(&seq) else {
+            return;
+        };
+        if !matches!(p.kind, PendingKind::Send { .. }) {
+            return;
+        }
+        let Some((_, store, default)) = p
+            .written_on
+            .and_then(|g| self.stores.iter().find(|(sg, _, _)| *sg == g))
+        else {
+            return;
+        };
+        let persistent = match p.frame.header("persistent") {
+            Some(v) => v == "true",
+            None => *default == Some(true),
+        };
+        if persistent {
+            self.set_confirmed(store.clone(), seq, true);
+        }
+    }
+
+    /// `store` confirmed persistent sequences up to `seq` (`raise`: keep the higher of this
+    /// and what it confirmed before; otherwise `seq` replaces it, as a CONNECTED's mark does).
+    fn set_confirmed(&mut self, store: Arc<str>, seq: u64, raise: bool) {
+        match self
+            .confirmed_persistent
+            .iter_mut()
+            .find(|(s, _)| *s == store)
+        {
+            Some((_, c)) if raise => *c = (*c).max(seq),
+            Some((_, c)) => *c = seq,
+            None => {
+                self.confirmed_persistent.push_back((store, seq));
+                while self.confirmed_persistent.len() > GENERATIONS_REMEMBERED_MAX {
+                    self.confirmed_persistent.pop_front();
+                }
+            }
+        }
     }
 }
 
@@ -230,6 +301,7 @@ impl Client {
                 subs: BTreeMap::new(),
                 txs: BTreeMap::new(),
                 stores: VecDeque::new(),
+                confirmed_persistent: VecDeque::new(),
                 stats: ClientStats::default(),
                 restoring: None,
             }),
@@ -767,6 +839,18 @@ impl Inner {
             ConnectionEvent::ClusterUpdated { brokers } => {
                 tracing::info!(brokers = ?brokers, "broker list updated by the cluster")
             }
+            ConnectionEvent::ProducerForgotten {
+                broker,
+                mark,
+                confirmed,
+                resent,
+            } => tracing::warn!(
+                broker,
+                mark,
+                confirmed,
+                resent,
+                "the broker forgot this client's producer: the SENDs resent may be stored twice"
+            ),
             ConnectionEvent::Failed { reason } => {
                 tracing::error!(reason = %reason, "giving up reconnecting")
             }
@@ -1302,6 +1386,9 @@ async fn restore_locked(
     let hwm: Option<u64> = conn
         .connected_header("haven-seq")
         .and_then(|v| v.parse().ok());
+    let persistent_default = conn
+        .connected_header("haven-persistent-default")
+        .map(|v| v == "true");
     if let Some(list) = conn.connected_header("haven-cluster") {
         if inner.merge_brokers(list) {
             inner.emit(ConnectionEvent::ClusterUpdated {
@@ -1313,9 +1400,18 @@ async fn restore_locked(
     let mut failed = Vec::new();
     let mut resend = Vec::new();
     let subs: Vec<Arc<SubTracker>>;
+    let forgotten;
     {
         let mut st = inner.lock();
-        st.stores.push_back((generation, store.clone()));
+        // A store that confirmed persistent SENDs beyond its mark has forgotten us: its
+        // duplicate filter no longer covers what is resent below.
+        forgotten = hwm.and_then(|h| st.confirmed_on(&store).filter(|&c| h < c).map(|c| (h, c)));
+        if let Some((mark, _)) = forgotten {
+            // Warned once: from here on it is what this store knows again.
+            st.set_confirmed(store.clone(), mark, false);
+        }
+        st.stores
+            .push_back((generation, store.clone(), persistent_default));
         while st.stores.len() > GENERATIONS_REMEMBERED_MAX {
             st.stores.pop_front();
         }
@@ -1335,7 +1431,7 @@ async fn restore_locked(
                         // the simulation: three standalone brokers, a link cut just after a
                         // COMMIT was applied).
                         (Some(g), Some(_))
-                            if st.stores.iter().any(|(sg, s)| *sg == g && *s == store) =>
+                            if st.stores.iter().any(|(sg, s, _)| *sg == g && *s == store) =>
                         {
                             ClientError::TransactionRolledBack {
                                 transaction: transaction.clone(),
@@ -1385,6 +1481,15 @@ async fn restore_locked(
         }
     }
     inner.lock().stats.sends_resent += resend.len() as u64;
+    if let Some((mark, confirmed)) = forgotten {
+        inner.lock().stats.producer_forgotten += 1;
+        inner.emit(ConnectionEvent::ProducerForgotten {
+            broker: broker.to_string(),
+            mark,
+            confirmed,
+            resent: resend.len(),
+        });
+    }
     let wait_ms = inner.opts.connect_timeout_ms;
     for receipt in receipts {
         match tokio::time::timeout(Duration::from_millis(wait_ms), receipt).await {
@@ -1413,7 +1518,10 @@ async fn confirm(inner: Weak<Inner>, mut receipts: mpsc::UnboundedReceiver<Strin
             .strip_prefix(TRACKED_RECEIPT_PREFIX)
             .and_then(|s| s.parse::<u64>().ok())
         {
-            Some(seq) => inner.settle(seq, Ok(())),
+            Some(seq) => {
+                inner.lock().credit_receipt(seq);
+                inner.settle(seq, Ok(()))
+            }
             None => tracing::debug!(receipt_id = %id, "RECEIPT nobody waits for"),
         }
     }

@@ -283,6 +283,16 @@ async fn handshake(
     }
     connected.push_header("haven-store", shared.store_id.as_str());
     connected.push_header(BROKER_HEADER, shared.config.broker.name.as_str());
+    // A failover client needs it to tell which of its SENDs the store keeps across a restart
+    // (`ConnectionEvent::ProducerForgotten`).
+    connected.push_header(
+        "haven-persistent-default",
+        if shared.config.broker.default_persistent {
+            "true"
+        } else {
+            "false"
+        },
+    );
     if producer.is_some() {
         connected.push_header("haven-seq", producer_hwm.to_string());
     }
