@@ -58,14 +58,10 @@ async fn wait_for_log(broker: &BrokerProcess, needle: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_that_forgets_for_room_says_so_and_how_short_its_window_is() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = BrokerOpts::new(
-        env!("CARGO_BIN_EXE_haven"),
-        dir.path().join("broker"),
-        free_addr(),
+    let mut broker = broker_with(
+        dir.path(),
+        "[limits]\nproducers_max = 2\n[journal]\nmaintenance_interval_ms = 50\n",
     );
-    opts.config_toml =
-        Some("[limits]\nproducers_max = 2\n[journal]\nmaintenance_interval_ms = 50\n".to_string());
-    let mut broker = BrokerProcess::start(opts).expect("broker starts");
     let c = connect(&broker, None).await;
 
     // Two producers fit: nothing is forgotten, nothing is said.
@@ -117,10 +113,22 @@ async fn a_table_that_forgets_for_room_says_so_and_how_short_its_window_is() {
     broker.stop().expect("broker stops");
 }
 
-fn broker_with_room_for(dir: &std::path::Path, producers_max: usize) -> BrokerProcess {
+fn broker_with(dir: &std::path::Path, config_toml: &str) -> BrokerProcess {
     let mut opts = BrokerOpts::new(env!("CARGO_BIN_EXE_haven"), dir.join("broker"), free_addr());
-    opts.config_toml = Some(format!("[limits]\nproducers_max = {producers_max}\n"));
+    opts.config_toml = Some(config_toml.to_string());
     BrokerProcess::start(opts).expect("broker starts")
+}
+
+/// A failover client of the broker (or proxy) at `addr`, and its events.
+async fn failover_client(
+    addr: std::net::SocketAddr,
+) -> (Client, broadcast::Receiver<ConnectionEvent>) {
+    let uri = format!("failover:(tcp://{addr})?initialReconnectDelay=10&maxReconnectDelay=100");
+    let client = Client::connect(&uri, ConnectOptions::default())
+        .await
+        .expect("connects");
+    let events = client.events();
+    (client, events)
 }
 
 /// Waits for the next `Resumed`, collecting what came before it.
@@ -160,16 +168,9 @@ async fn cut(proxy: &Proxy) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_client_is_told_when_the_store_forgot_its_producer() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = broker_with_room_for(dir.path(), 1);
+    let mut broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
     let proxy = Proxy::start(broker.addr()).expect("proxy starts");
-    let uri = format!(
-        "failover:(tcp://{})?initialReconnectDelay=10&maxReconnectDelay=100",
-        proxy.addr()
-    );
-    let client = Client::connect(&uri, ConnectOptions::default())
-        .await
-        .expect("connects");
-    let mut events = client.events();
+    let (client, mut events) = failover_client(proxy.addr()).await;
     // No `persistent` header: the broker's default (persistent), which CONNECTED announces.
     let persistent = [];
     client
@@ -212,15 +213,8 @@ async fn a_failover_client_is_told_when_the_store_forgot_its_producer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_that_drops_non_persistent_marks_is_not_taken_for_forgetting() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = broker_with_room_for(dir.path(), 100);
-    let uri = format!(
-        "failover:(tcp://{})?initialReconnectDelay=10&maxReconnectDelay=100",
-        broker.addr()
-    );
-    let client = Client::connect(&uri, ConnectOptions::default())
-        .await
-        .expect("connects");
-    let mut events = client.events();
+    let mut broker = broker_with(dir.path(), "");
+    let (client, mut events) = failover_client(broker.addr()).await;
     client
         .send_receipted("/queue/x", &[], "p1")
         .await
