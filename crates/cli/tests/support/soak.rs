@@ -158,6 +158,10 @@ pub struct Summary {
     pub reconnects: u64,
     pub sends_resent: u64,
     pub duplicates_dropped: u64,
+    /// Reconnects on which a store had forgotten a producer it had receipted for
+    /// (`ConnectionEvent::ProducerForgotten`). No broker here is near its table's limits, so
+    /// each is a failure: a store that lost marks, or a client that misjudged one.
+    pub producer_forgotten: u64,
     /// Errors a client returned that it should have hidden (each is a failure).
     pub client_errors: Vec<String>,
     /// SENDs a broker refused (ERROR naming the SEND), with the reason: the application was
@@ -171,7 +175,10 @@ pub struct Summary {
 
 impl Summary {
     pub fn ok(&self) -> bool {
-        self.report.is_ok() && self.client_errors.is_empty() && self.stuck.is_none()
+        self.report.is_ok()
+            && self.client_errors.is_empty()
+            && self.stuck.is_none()
+            && self.producer_forgotten == 0
     }
 
     pub fn faults_total(&self) -> u64 {
@@ -219,10 +226,11 @@ impl fmt::Display for Summary {
         )?;
         writeln!(
             f,
-            "  clients: reconnects {}, SENDs resent {}, redeliveries dropped by the client {}, errors {}",
+            "  clients: reconnects {}, SENDs resent {}, redeliveries dropped by the client {}, producers forgotten by a store {}, errors {}",
             self.reconnects,
             self.sends_resent,
             self.duplicates_dropped,
+            self.producer_forgotten,
             self.client_errors.len()
         )?;
         let rss: Vec<String> = self
@@ -638,10 +646,12 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
     let mut reconnects = 0;
     let mut sends_resent = 0;
     let mut duplicates_dropped = 0;
+    let mut producer_forgotten = 0;
     for p in &producers {
         let s = p.stats();
         reconnects += s.reconnects;
         sends_resent += s.sends_resent;
+        producer_forgotten += s.producer_forgotten;
         if stuck.is_none() {
             if let Err(e) = p.disconnect().await {
                 record_error(&w.errors, format!("producer disconnect: {e}"));
@@ -705,6 +715,7 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
         reconnects,
         sends_resent,
         duplicates_dropped,
+        producer_forgotten,
         client_errors,
         refusals,
         stuck,
