@@ -453,6 +453,8 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         );
         let opts = client_options(cfg.seed ^ (0x100 + p as u64), Some(format!("sim-p{p}")));
         let (n, fault_ms) = (cfg.messages_per_producer, cfg.fault_ms);
+        // Only a disk that loses synced writes may make a store forget a producer it receipted.
+        let honest_disk = !cfg.lying_disk;
         // Producer 0 waits for each RECEIPT; producer 1 pipelines (up to the client's window
         // unconfirmed), so a crash catches many SENDs in flight that must be sent again;
         // producer 2 sends in transactions of `TX_SENDS`, whose COMMIT must be settled
@@ -512,6 +514,14 @@ pub fn run(cfg: &SimConfig) -> Outcome {
                 .disconnect()
                 .await
                 .map_err(|e| format!("producer{p} disconnect: {e}"))?;
+            let forgotten = client.stats().producer_forgotten;
+            if forgotten > 0 && honest_disk {
+                return Err(format!(
+                    "producer{p}: a store with an honest disk forgot this producer {forgotten} \
+                     time(s) (ConnectionEvent::ProducerForgotten)"
+                )
+                .into());
+            }
             for id in &unconfirmed {
                 history.outcome(id, SendOutcome::Receipted);
             }
