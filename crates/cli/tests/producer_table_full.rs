@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use haven_client::{AckMode, Client, ConnectOptions, Connection, ConnectionEvent};
+use haven_client::{AckMode, Client, ClientError, ConnectOptions, Connection, ConnectionEvent};
 use haven_testkit::{free_addr, BrokerOpts, BrokerProcess, Fault, Proxy};
 use tokio::sync::broadcast;
 
@@ -123,10 +123,15 @@ fn broker_with(dir: &std::path::Path, config_toml: &str) -> BrokerProcess {
 async fn failover_client(
     addr: std::net::SocketAddr,
 ) -> (Client, broadcast::Receiver<ConnectionEvent>) {
+    failover_client_with(addr, ConnectOptions::default()).await
+}
+
+async fn failover_client_with(
+    addr: std::net::SocketAddr,
+    opts: ConnectOptions,
+) -> (Client, broadcast::Receiver<ConnectionEvent>) {
     let uri = format!("failover:(tcp://{addr})?initialReconnectDelay=10&maxReconnectDelay=100");
-    let client = Client::connect(&uri, ConnectOptions::default())
-        .await
-        .expect("connects");
+    let client = Client::connect(&uri, opts).await.expect("connects");
     let events = client.events();
     (client, events)
 }
@@ -230,6 +235,116 @@ async fn a_restart_that_drops_non_persistent_marks_is_not_taken_for_forgetting()
     let seen = until_resumed(&mut events).await;
     assert_eq!(forgotten(&seen), [], "{seen:?}");
     assert_eq!(client.stats().producer_forgotten, 0);
+    client.disconnect().await.unwrap();
+    broker.stop().expect("broker stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_may_not_resend_to_a_forgetful_store_reports_the_send_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
+    let proxy = Proxy::start(broker.addr()).expect("proxy starts");
+    let opts = ConnectOptions {
+        resend_when_producer_forgotten: false,
+        ..ConnectOptions::default()
+    };
+    let (client, mut events) = failover_client_with(proxy.addr(), opts).await;
+    client
+        .send_receipted("/queue/x", &[], "m1")
+        .await
+        .expect("m1");
+
+    // m2 is written into a link that stalls, and then the link is reset: the broker never
+    // sees it (a black hole holds the bytes, a reset drops them), but the client cannot know.
+    proxy.set(Fault::BlackHole);
+    let m2 = {
+        let client = client.clone();
+        tokio::spawn(async move { client.send_receipted("/queue/x", &[], "m2").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Meanwhile another producer takes the only place in the table.
+    let other = connect(&broker, None).await;
+    send(&other, "other", "1", "o1").await;
+    cut(&proxy).await;
+
+    let seen = until_resumed(&mut events).await;
+    let unknown: Vec<(usize, usize)> = seen
+        .iter()
+        .filter_map(|e| match e {
+            ConnectionEvent::ProducerForgotten {
+                resent, unknown, ..
+            } => Some((*resent, *unknown)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(unknown, [(0, 1)], "{seen:?}");
+    let outcome = tokio::time::timeout(Duration::from_millis(WAIT_MS), m2)
+        .await
+        .expect("m2 settled within the wait")
+        .expect("task");
+    assert!(
+        matches!(outcome, Err(ClientError::OutcomeUnknown { .. })),
+        "{outcome:?}"
+    );
+
+    // Nothing was sent again behind the application's back: m2 is not on the queue.
+    let mut sub = other
+        .subscribe("/queue/x", AckMode::Auto, &[])
+        .await
+        .expect("subscribes");
+    let mut bodies = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+        bodies.push(String::from_utf8(m.body.to_vec()).expect("text"));
+    }
+    assert_eq!(bodies, ["m1"]);
+
+    other.disconnect().await.unwrap();
+    client.disconnect().await.unwrap();
+    broker.stop().expect("broker stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_in_flight_to_a_forgetful_store_is_unknown_not_rolled_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
+    let proxy = Proxy::start(broker.addr()).expect("proxy starts");
+    let (client, mut events) = failover_client(proxy.addr()).await;
+    client
+        .send_receipted("/queue/x", &[], "m1")
+        .await
+        .expect("m1");
+    client.begin("t1").await.expect("BEGIN");
+    client
+        .send("/queue/x", &[("transaction", "t1")], "t1-m")
+        .await
+        .expect("SEND in t1");
+
+    // The COMMIT goes into a stalled link that is then reset, while another producer takes
+    // the table's only place: the store's mark of 0 cannot say whether it was applied.
+    proxy.set(Fault::BlackHole);
+    let commit = {
+        let client = client.clone();
+        tokio::spawn(async move { client.commit("t1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let other = connect(&broker, None).await;
+    send(&other, "other", "1", "o1").await;
+    cut(&proxy).await;
+
+    let seen = until_resumed(&mut events).await;
+    assert_eq!(forgotten(&seen), [(0, 1)], "{seen:?}");
+    let outcome = tokio::time::timeout(Duration::from_millis(WAIT_MS), commit)
+        .await
+        .expect("COMMIT settled within the wait")
+        .expect("task");
+    // Before: TransactionRolledBack, which would invite the application to run the
+    // transaction again even when the COMMIT had been applied.
+    assert!(
+        matches!(outcome, Err(ClientError::OutcomeUnknown { .. })),
+        "{outcome:?}"
+    );
+
+    other.disconnect().await.unwrap();
     client.disconnect().await.unwrap();
     broker.stop().expect("broker stops");
 }

@@ -79,12 +79,15 @@ pub enum ConnectionEvent {
     /// The store behind `broker` had confirmed persistent SENDs of this client up to sequence
     /// `confirmed`, but its CONNECTED now says `mark`: it forgot this producer (its table
     /// forgot it for room or idleness: `limits.producers_max`, `limits.producer_idle_ms_max`).
-    /// The `resent` SENDs written again may be stored twice; nothing is lost.
+    /// The `resent` SENDs written again may be stored twice; nothing is lost. `unknown` frames
+    /// written before were failed with `OutcomeUnknown` instead: in-flight COMMITs always, and
+    /// SENDs when `ConnectOptions::resend_when_producer_forgotten` is false.
     ProducerForgotten {
         broker: String,
         mark: u64,
         confirmed: u64,
         resent: usize,
+        unknown: usize,
     },
     /// Reconnecting gave up (`maxReconnectAttempts`): the client is closed.
     Failed { reason: ClientError },
@@ -713,7 +716,9 @@ impl Client {
     /// COMMIT, waiting for the broker's answer. It carries a producer sequence number, so if
     /// the connection is lost after sending it, the next broker's CONNECTED tells whether it
     /// took effect: `Ok` if it did, [`ClientError::TransactionRolledBack`] if not, and
-    /// [`ClientError::OutcomeUnknown`] from a broker that cannot say.
+    /// [`ClientError::OutcomeUnknown`] from a broker that cannot say (one without marks, one
+    /// with another store, or one that forgot this producer:
+    /// [`ConnectionEvent::ProducerForgotten`]).
     pub async fn commit(&self, transaction: &str) -> Result<()> {
         self.inner.transaction_connection(transaction)?;
         let frame = Frame::new(Command::Commit).with_header("transaction", transaction);
@@ -844,12 +849,15 @@ impl Inner {
                 mark,
                 confirmed,
                 resent,
+                unknown,
             } => tracing::warn!(
                 broker,
                 mark,
                 confirmed,
                 resent,
-                "the broker forgot this client's producer: the SENDs resent may be stored twice"
+                unknown,
+                "the broker forgot this client's producer: the SENDs resent may be stored \
+                 twice, and those failed as unknown may or may not be stored"
             ),
             ConnectionEvent::Failed { reason } => {
                 tracing::error!(reason = %reason, "giving up reconnecting")
@@ -1415,16 +1423,35 @@ async fn restore_locked(
         while st.stores.len() > GENERATIONS_REMEMBERED_MAX {
             st.stores.pop_front();
         }
+        let resend_forgotten = inner.opts.resend_when_producer_forgotten;
         for (seq, p) in &st.pending {
             let stored = hwm.is_some_and(|h| *seq <= h);
+            // Written before, to a store that no longer knows this producer: it may be there.
+            let maybe_stored = forgotten.is_some() && p.written_on.is_some();
             match &p.kind {
                 _ if stored => confirmed.push(*seq),
+                PendingKind::Send { .. } if maybe_stored && !resend_forgotten => failed.push((
+                    *seq,
+                    ClientError::OutcomeUnknown {
+                        what: format!(
+                            "SEND with producer sequence {seq} (the broker forgot this \
+                             producer, so a resend could be stored twice)"
+                        ),
+                    },
+                )),
                 PendingKind::Send { .. } => resend.push(*seq),
                 PendingKind::Commit { transaction } => {
                     let reason = match (p.written_on, hwm) {
                         (None, _) => ClientError::TransactionRolledBack {
                             transaction: transaction.clone(),
                             reason: "its connection was lost before COMMIT was sent".into(),
+                        },
+                        // A mark of 0 from a store that forgot us says nothing about it.
+                        (Some(_), _) if maybe_stored => ClientError::OutcomeUnknown {
+                            what: format!(
+                                "COMMIT of transaction {transaction:?} (the broker forgot this \
+                                 producer)"
+                            ),
                         },
                         // The mark speaks only for its own store: a COMMIT written to a
                         // broker with another store may have been applied there (found by
@@ -1460,6 +1487,11 @@ async fn restore_locked(
         subs = st.subs.values().cloned().collect();
     }
     let confirmed_count = confirmed.len();
+    // With `forgotten`, every OutcomeUnknown here is one of its (the arms above come first).
+    let unknown = failed
+        .iter()
+        .filter(|(_, e)| matches!(e, ClientError::OutcomeUnknown { .. }))
+        .count();
     for seq in confirmed {
         inner.settle(seq, Ok(()));
     }
@@ -1488,6 +1520,7 @@ async fn restore_locked(
             mark,
             confirmed,
             resent: resend.len(),
+            unknown,
         });
     }
     let wait_ms = inner.opts.connect_timeout_ms;

@@ -35,6 +35,13 @@ pub struct ConnectOptions {
     /// [`crate::Client`] only: acknowledged message ids remembered per subscription to drop
     /// redeliveries of messages the application already acked.
     pub dedup_window_messages: usize,
+    /// [`crate::Client`] only: what to do, after a reconnect to a store that forgot this
+    /// producer (`ConnectionEvent::ProducerForgotten`), with the SENDs that were written and
+    /// not yet confirmed: the store may hold them, and can no longer tell a resend from a new
+    /// message. `true` (the default) sends them again: nothing is lost, some may be stored
+    /// twice. `false` fails each with [`ClientError::OutcomeUnknown`] instead, so nothing is
+    /// stored twice behind the application's back and it decides (look, or send again).
+    pub resend_when_producer_forgotten: bool,
     /// How sockets are opened: TCP by default; the simulator passes its own network.
     pub dialer: crate::transport::Dialer,
     /// [`crate::Client`] only: seeds its random choices (broker order under `randomize`,
@@ -59,6 +66,7 @@ impl Default for ConnectOptions {
             producer_id: None,
             unconfirmed_sends_max: 4096,
             dedup_window_messages: 8192,
+            resend_when_producer_forgotten: true,
             dialer: Default::default(),
             rng_seed: None,
         }
