@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -141,6 +141,10 @@ pub struct Outcome {
     pub disks: Vec<DiskStats>,
     /// Invariants broken during the run (checked at every step); the run stops at the first.
     pub violations: Vec<String>,
+    /// Times a producer's client was told that its store had forgotten it
+    /// (`ConnectionEvent::ProducerForgotten`), over the producers that finished. A failure
+    /// unless the disk lies (see the producers' check).
+    pub producers_forgotten: u64,
     /// Shared-store mode: what the lease and the fence did.
     pub shared: Option<SharedStats>,
     pub trace_digest: u32,
@@ -444,6 +448,7 @@ pub fn run(cfg: &SimConfig) -> Outcome {
     }
     let uri = failover_uri(brokers);
     let producers_done = Arc::new(AtomicUsize::new(0));
+    let producers_forgotten = Arc::new(AtomicU64::new(0));
     for p in 0..cfg.producers {
         let (history, trace, done, uri) = (
             history.clone(),
@@ -451,6 +456,7 @@ pub fn run(cfg: &SimConfig) -> Outcome {
             producers_done.clone(),
             uri.clone(),
         );
+        let forgotten_total = producers_forgotten.clone();
         let opts = client_options(cfg.seed ^ (0x100 + p as u64), Some(format!("sim-p{p}")));
         let (n, fault_ms) = (cfg.messages_per_producer, cfg.fault_ms);
         // Only a disk that loses synced writes may make a store forget a producer it receipted.
@@ -515,6 +521,7 @@ pub fn run(cfg: &SimConfig) -> Outcome {
                 .await
                 .map_err(|e| format!("producer{p} disconnect: {e}"))?;
             let forgotten = client.stats().producer_forgotten;
+            forgotten_total.fetch_add(forgotten, Ordering::SeqCst);
             if forgotten > 0 && honest_disk {
                 return Err(format!(
                     "producer{p}: a store with an honest disk forgot this producer {forgotten} \
@@ -822,6 +829,7 @@ pub fn run(cfg: &SimConfig) -> Outcome {
         sim_ms,
         disks: disk_stats,
         violations,
+        producers_forgotten: producers_forgotten.load(Ordering::SeqCst),
         shared: shared_stats,
         trace_digest: digest,
         trace: lines,
