@@ -152,13 +152,18 @@ async fn until_resumed(events: &mut broadcast::Receiver<ConnectionEvent>) -> Vec
     }
 }
 
-fn forgotten(events: &[ConnectionEvent]) -> Vec<(u64, u64)> {
+/// (mark, confirmed, resent, unknown) of each `ProducerForgotten` among `events`.
+fn forgotten(events: &[ConnectionEvent]) -> Vec<(u64, u64, usize, usize)> {
     events
         .iter()
         .filter_map(|e| match e {
             ConnectionEvent::ProducerForgotten {
-                mark, confirmed, ..
-            } => Some((*mark, *confirmed)),
+                mark,
+                confirmed,
+                resent,
+                unknown,
+                ..
+            } => Some((*mark, *confirmed, *resent, *unknown)),
             _ => None,
         })
         .collect()
@@ -168,6 +173,58 @@ async fn cut(proxy: &Proxy) {
     proxy.set(Fault::Reset);
     tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.set(Fault::Pass);
+}
+
+/// A broker with room for one producer, behind a proxy, and a failover client through it
+/// whose "m1" the store has receipted.
+struct OneProducerStore {
+    _dir: tempfile::TempDir,
+    broker: BrokerProcess,
+    proxy: Proxy,
+    client: Client,
+    events: broadcast::Receiver<ConnectionEvent>,
+}
+
+async fn one_producer_store(opts: ConnectOptions) -> OneProducerStore {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
+    let proxy = Proxy::start(broker.addr()).expect("proxy starts");
+    let (client, events) = failover_client_with(proxy.addr(), opts).await;
+    client
+        .send_receipted("/queue/x", &[], "m1")
+        .await
+        .expect("m1");
+    OneProducerStore {
+        _dir: dir,
+        broker,
+        proxy,
+        client,
+        events,
+    }
+}
+
+impl OneProducerStore {
+    /// Runs `op` into a link that stalls, lets another producer take the table's only place
+    /// meanwhile, then resets the link: the broker never sees what `op` wrote (a black hole
+    /// holds the bytes, a reset drops them), but the client cannot know. Returns the client's
+    /// events up to its resume, what `op` returned, and the other producer's connection.
+    async fn lose_while_forgotten<T: Send + 'static>(
+        &mut self,
+        op: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> (Vec<ConnectionEvent>, T, Connection) {
+        self.proxy.set(Fault::BlackHole);
+        let op = tokio::spawn(op);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let other = connect(&self.broker, None).await;
+        send(&other, "other", "1", "o1").await;
+        cut(&self.proxy).await;
+        let seen = until_resumed(&mut self.events).await;
+        let outcome = tokio::time::timeout(Duration::from_millis(WAIT_MS), op)
+            .await
+            .expect("settled within the wait")
+            .expect("task");
+        (seen, outcome, other)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,7 +253,7 @@ async fn a_failover_client_is_told_when_the_store_forgot_its_producer() {
     let other = connect(&broker, None).await;
     send(&other, "other", "1", "o1").await;
     cut(&proxy).await;
-    assert_eq!(forgotten(&until_resumed(&mut events).await), [(0, 2)]);
+    assert_eq!(forgotten(&until_resumed(&mut events).await), [(0, 2, 0, 0)]);
     assert_eq!(client.stats().producer_forgotten, 1);
 
     // Said once: reconnecting again before the next SEND is not a second loss.
@@ -241,47 +298,16 @@ async fn a_restart_that_drops_non_persistent_marks_is_not_taken_for_forgetting()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_may_not_resend_to_a_forgetful_store_reports_the_send_unknown() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
-    let proxy = Proxy::start(broker.addr()).expect("proxy starts");
-    let opts = ConnectOptions {
+    let mut store = one_producer_store(ConnectOptions {
         resend_when_producer_forgotten: false,
         ..ConnectOptions::default()
-    };
-    let (client, mut events) = failover_client_with(proxy.addr(), opts).await;
-    client
-        .send_receipted("/queue/x", &[], "m1")
-        .await
-        .expect("m1");
-
-    // m2 is written into a link that stalls, and then the link is reset: the broker never
-    // sees it (a black hole holds the bytes, a reset drops them), but the client cannot know.
-    proxy.set(Fault::BlackHole);
-    let m2 = {
-        let client = client.clone();
-        tokio::spawn(async move { client.send_receipted("/queue/x", &[], "m2").await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // Meanwhile another producer takes the only place in the table.
-    let other = connect(&broker, None).await;
-    send(&other, "other", "1", "o1").await;
-    cut(&proxy).await;
-
-    let seen = until_resumed(&mut events).await;
-    let unknown: Vec<(usize, usize)> = seen
-        .iter()
-        .filter_map(|e| match e {
-            ConnectionEvent::ProducerForgotten {
-                resent, unknown, ..
-            } => Some((*resent, *unknown)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(unknown, [(0, 1)], "{seen:?}");
-    let outcome = tokio::time::timeout(Duration::from_millis(WAIT_MS), m2)
-        .await
-        .expect("m2 settled within the wait")
-        .expect("task");
+    })
+    .await;
+    let client = store.client.clone();
+    let (seen, outcome, other) = store
+        .lose_while_forgotten(async move { client.send_receipted("/queue/x", &[], "m2").await })
+        .await;
+    assert_eq!(forgotten(&seen), [(0, 1, 0, 1)], "{seen:?}");
     assert!(
         matches!(outcome, Err(ClientError::OutcomeUnknown { .. })),
         "{outcome:?}"
@@ -299,44 +325,25 @@ async fn a_client_that_may_not_resend_to_a_forgetful_store_reports_the_send_unkn
     assert_eq!(bodies, ["m1"]);
 
     other.disconnect().await.unwrap();
-    client.disconnect().await.unwrap();
-    broker.stop().expect("broker stops");
+    store.client.disconnect().await.unwrap();
+    store.broker.stop().expect("broker stops");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_in_flight_to_a_forgetful_store_is_unknown_not_rolled_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
-    let proxy = Proxy::start(broker.addr()).expect("proxy starts");
-    let (client, mut events) = failover_client(proxy.addr()).await;
-    client
-        .send_receipted("/queue/x", &[], "m1")
-        .await
-        .expect("m1");
+    let mut store = one_producer_store(ConnectOptions::default()).await;
+    let client = store.client.clone();
     client.begin("t1").await.expect("BEGIN");
     client
         .send("/queue/x", &[("transaction", "t1")], "t1-m")
         .await
         .expect("SEND in t1");
 
-    // The COMMIT goes into a stalled link that is then reset, while another producer takes
-    // the table's only place: the store's mark of 0 cannot say whether it was applied.
-    proxy.set(Fault::BlackHole);
-    let commit = {
-        let client = client.clone();
-        tokio::spawn(async move { client.commit("t1").await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let other = connect(&broker, None).await;
-    send(&other, "other", "1", "o1").await;
-    cut(&proxy).await;
-
-    let seen = until_resumed(&mut events).await;
-    assert_eq!(forgotten(&seen), [(0, 1)], "{seen:?}");
-    let outcome = tokio::time::timeout(Duration::from_millis(WAIT_MS), commit)
-        .await
-        .expect("COMMIT settled within the wait")
-        .expect("task");
+    // The store's mark of 0 cannot say whether the lost COMMIT was applied.
+    let (seen, outcome, other) = store
+        .lose_while_forgotten(async move { client.commit("t1").await })
+        .await;
+    assert_eq!(forgotten(&seen), [(0, 1, 0, 1)], "{seen:?}");
     // Before: TransactionRolledBack, which would invite the application to run the
     // transaction again even when the COMMIT had been applied.
     assert!(
@@ -345,6 +352,6 @@ async fn a_commit_in_flight_to_a_forgetful_store_is_unknown_not_rolled_back() {
     );
 
     other.disconnect().await.unwrap();
-    client.disconnect().await.unwrap();
-    broker.stop().expect("broker stops");
+    store.client.disconnect().await.unwrap();
+    store.broker.stop().expect("broker stops");
 }

@@ -177,15 +177,15 @@ impl State {
     }
 
     /// The highest persistent SEND `store` confirmed, if it confirmed any.
-    fn confirmed_on(&self, store: &str) -> Option<u64> {
+    fn confirmed_mut(&mut self, store: &str) -> Option<&mut u64> {
         self.confirmed_persistent
-            .iter()
+            .iter_mut()
             .find(|(s, _)| &**s == store)
-            .map(|(_, seq)| *seq)
+            .map(|(_, seq)| seq)
     }
 
     /// A RECEIPT for tracked frame `seq` arrived: if it is a persistent SEND, the store of the
-    /// connection it was written on has it (`confirmed_on`). Confirmations by a CONNECTED's
+    /// connection it was written on has it (`confirmed_mut`). Confirmations by a CONNECTED's
     /// mark do not count: the mark also covers non-persistent SENDs, which a restart forgets.
     fn credit_receipt(&mut self, seq: u64) {
         let Some(p) = self.pending.get(&seq) else {
@@ -204,23 +204,18 @@ impl State {
             Some(v) => v == "true",
             None => *default == Some(true),
         };
-        if persistent {
-            self.set_confirmed(store.clone(), seq, true);
+        if !persistent {
+            return;
         }
-    }
-
-    /// `store` confirmed persistent sequences up to `seq` (`raise`: keep the higher of this
-    /// and what it confirmed before; otherwise `seq` replaces it, as a CONNECTED's mark does).
-    fn set_confirmed(&mut self, store: Arc<str>, seq: u64, raise: bool) {
+        // Field by field (not `confirmed_mut`), so `store` is cloned only for a new entry.
         match self
             .confirmed_persistent
             .iter_mut()
-            .find(|(s, _)| *s == store)
+            .find(|(s, _)| s == store)
         {
-            Some((_, c)) if raise => *c = (*c).max(seq),
-            Some((_, c)) => *c = seq,
+            Some((_, c)) => *c = (*c).max(seq),
             None => {
-                self.confirmed_persistent.push_back((store, seq));
+                self.confirmed_persistent.push_back((store.clone(), seq));
                 while self.confirmed_persistent.len() > GENERATIONS_REMEMBERED_MAX {
                     self.confirmed_persistent.pop_front();
                 }
@@ -1407,17 +1402,19 @@ async fn restore_locked(
     let mut confirmed = Vec::new();
     let mut failed = Vec::new();
     let mut resend = Vec::new();
+    // Frames failed as `OutcomeUnknown` because the store forgot this producer.
+    let mut unknown = 0;
     let subs: Vec<Arc<SubTracker>>;
     let forgotten;
     {
         let mut st = inner.lock();
         // A store that confirmed persistent SENDs beyond its mark has forgotten us: its
-        // duplicate filter no longer covers what is resent below.
-        forgotten = hwm.and_then(|h| st.confirmed_on(&store).filter(|&c| h < c).map(|c| (h, c)));
-        if let Some((mark, _)) = forgotten {
-            // Warned once: from here on it is what this store knows again.
-            st.set_confirmed(store.clone(), mark, false);
-        }
+        // duplicate filter no longer covers what is resent below. Warned once: from here on
+        // the mark is what this store is known to hold.
+        forgotten = match (hwm, st.confirmed_mut(&store)) {
+            (Some(mark), Some(c)) if mark < *c => Some((mark, std::mem::replace(c, mark))),
+            _ => None,
+        };
         st.stores
             .push_back((generation, store.clone(), persistent_default));
         while st.stores.len() > GENERATIONS_REMEMBERED_MAX {
@@ -1430,15 +1427,18 @@ async fn restore_locked(
             let maybe_stored = forgotten.is_some() && p.written_on.is_some();
             match &p.kind {
                 _ if stored => confirmed.push(*seq),
-                PendingKind::Send { .. } if maybe_stored && !resend_forgotten => failed.push((
-                    *seq,
-                    ClientError::OutcomeUnknown {
-                        what: format!(
-                            "SEND with producer sequence {seq} (the broker forgot this \
-                             producer, so a resend could be stored twice)"
-                        ),
-                    },
-                )),
+                PendingKind::Send { .. } if maybe_stored && !resend_forgotten => {
+                    unknown += 1;
+                    failed.push((
+                        *seq,
+                        ClientError::OutcomeUnknown {
+                            what: format!(
+                                "SEND with producer sequence {seq} (the broker forgot this \
+                                 producer, so a resend could be stored twice)"
+                            ),
+                        },
+                    ));
+                }
                 PendingKind::Send { .. } => resend.push(*seq),
                 PendingKind::Commit { transaction } => {
                     let reason = match (p.written_on, hwm) {
@@ -1447,12 +1447,15 @@ async fn restore_locked(
                             reason: "its connection was lost before COMMIT was sent".into(),
                         },
                         // A mark of 0 from a store that forgot us says nothing about it.
-                        (Some(_), _) if maybe_stored => ClientError::OutcomeUnknown {
-                            what: format!(
-                                "COMMIT of transaction {transaction:?} (the broker forgot this \
-                                 producer)"
-                            ),
-                        },
+                        (Some(_), _) if maybe_stored => {
+                            unknown += 1;
+                            ClientError::OutcomeUnknown {
+                                what: format!(
+                                    "COMMIT of transaction {transaction:?} (the broker forgot \
+                                     this producer)"
+                                ),
+                            }
+                        }
                         // The mark speaks only for its own store: a COMMIT written to a
                         // broker with another store may have been applied there (found by
                         // the simulation: three standalone brokers, a link cut just after a
@@ -1487,11 +1490,6 @@ async fn restore_locked(
         subs = st.subs.values().cloned().collect();
     }
     let confirmed_count = confirmed.len();
-    // With `forgotten`, every OutcomeUnknown here is one of its (the arms above come first).
-    let unknown = failed
-        .iter()
-        .filter(|(_, e)| matches!(e, ClientError::OutcomeUnknown { .. }))
-        .count();
     for seq in confirmed {
         inner.settle(seq, Ok(()));
     }

@@ -202,8 +202,6 @@ pub(crate) struct Origins {
     by_idle: BTreeSet<IdleKey>,
     /// The next slot's stamp.
     next_stamp: u64,
-    /// Origins forgotten to make room for new ones.
-    forgotten_for_room_total: u64,
     /// Prefix → index in `sources` (keyed hashing: clients choose origins).
     by_prefix: HashMap<Arc<str>, u32>,
     /// The source of the last lookup: a bridge's traffic names the same one message after
@@ -221,7 +219,6 @@ impl Origins {
             by_size: BTreeSet::new(),
             by_idle: BTreeSet::new(),
             next_stamp: 0,
-            forgotten_for_room_total: 0,
             by_prefix: HashMap::default(),
             last_source: Cell::new(NO_SOURCE),
             forgetting: Forgetting::new(idle_ms_max, origins_max),
@@ -396,7 +393,7 @@ impl Origins {
         while self.len >= self.forgetting.entries_max {
             let largest = self.largest();
             self.forget_front(largest, released);
-            self.forgotten_for_room_total += 1;
+            self.forgetting.forgotten_for_room_total += 1;
         }
         let (prefix, number) = split(id);
         let index = self.find_or_add_source(prefix);
@@ -481,7 +478,7 @@ impl Origins {
             sources: self.by_prefix.len(),
             duplicates_dropped_total: counts.duplicates_dropped_total,
             forgotten_total: counts.forgotten_total,
-            forgotten_for_room_total: self.forgotten_for_room_total,
+            forgotten_for_room_total: counts.forgotten_for_room_total,
         }
     }
 

@@ -98,6 +98,8 @@ pub(crate) struct Forgetting {
     pub entries_max: usize,
     pub duplicates_dropped_total: u64,
     pub forgotten_total: u64,
+    /// Of `forgotten_total`, forgotten to make room for a new mark rather than for idleness.
+    pub forgotten_for_room_total: u64,
 }
 
 impl Forgetting {
@@ -111,6 +113,7 @@ impl Forgetting {
             entries_max,
             duplicates_dropped_total: 0,
             forgotten_total: 0,
+            forgotten_for_room_total: 0,
         }
     }
 
@@ -124,7 +127,7 @@ impl Forgetting {
             producers: remembered,
             duplicates_dropped_total: self.duplicates_dropped_total,
             forgotten_total: self.forgotten_total,
-            forgotten_for_room_total: 0,
+            forgotten_for_room_total: self.forgotten_for_room_total,
             room_window_ms: None,
         }
     }
@@ -176,8 +179,7 @@ pub(crate) struct Producers {
     /// Who owns each producer now: (connection, its `haven-session`).
     owners: HashMap<String, (ConnId, u64)>,
     forgetting: Forgetting,
-    /// `ProducerStats::forgotten_for_room_total` and `room_window_ms`.
-    forgotten_for_room_total: u64,
+    /// `ProducerStats::room_window_ms`.
     room_window_ms: Option<u64>,
 }
 
@@ -188,7 +190,6 @@ impl Producers {
             by_seen: BTreeSet::new(),
             owners: HashMap::default(),
             forgetting: Forgetting::new(idle_ms_max, producers_max),
-            forgotten_for_room_total: 0,
             room_window_ms: None,
         }
     }
@@ -218,7 +219,7 @@ impl Producers {
         while self.entries.len() >= self.forgetting.entries_max {
             let (victim_seen_ms, victim) = self.by_seen.first().cloned().expect("table not empty");
             self.forget(&victim, released);
-            self.forgotten_for_room_total += 1;
+            self.forgetting.forgotten_for_room_total += 1;
             self.room_window_ms = Some(seen_ms.saturating_sub(victim_seen_ms));
         }
         let id: Id = Arc::from(id);
@@ -283,7 +284,6 @@ impl Producers {
 
     pub fn stats(&self) -> ProducerStats {
         ProducerStats {
-            forgotten_for_room_total: self.forgotten_for_room_total,
             room_window_ms: self.room_window_ms,
             ..self.forgetting.stats(self.entries.len())
         }
