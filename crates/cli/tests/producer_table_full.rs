@@ -190,6 +190,7 @@ async fn one_producer_store(opts: ConnectOptions) -> OneProducerStore {
     let broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
     let proxy = Proxy::start(broker.addr()).expect("proxy starts");
     let (client, events) = failover_client_with(proxy.addr(), opts).await;
+    // No `persistent` header: the broker's default (persistent), which CONNECTED announces.
     client
         .send_receipted("/queue/x", &[], "m1")
         .await
@@ -229,16 +230,15 @@ impl OneProducerStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_client_is_told_when_the_store_forgot_its_producer() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut broker = broker_with(dir.path(), "[limits]\nproducers_max = 1\n");
-    let proxy = Proxy::start(broker.addr()).expect("proxy starts");
-    let (client, mut events) = failover_client(proxy.addr()).await;
-    // No `persistent` header: the broker's default (persistent), which CONNECTED announces.
+    let OneProducerStore {
+        _dir,
+        mut broker,
+        proxy,
+        client,
+        mut events,
+    } = one_producer_store(ConnectOptions::default()).await;
+    // As m1: the broker's default persistence.
     let persistent = [];
-    client
-        .send_receipted("/queue/x", &persistent, "m1")
-        .await
-        .expect("m1");
 
     // Remembered: a reconnect is an ordinary resume.
     cut(&proxy).await;
