@@ -120,21 +120,41 @@ fn status(raft: SocketAddr) -> Option<haven_raft::Status> {
         .ok()
 }
 
-/// Waits until member `raft` has applied what the leader at `leader_raft` has.
-fn wait_caught_up(raft: SocketAddr, leader_raft: SocketAddr) {
+/// Waits until member `raft` has applied what the leader at `leader_raft` had applied when
+/// the wait began; fails after `CATCH_UP_WAIT_MS`, saying how far each got. The target does
+/// not move: under traffic a live follower is always a few entries behind the leader, and
+/// sampling both until they matched could miss for as long as the traffic lasted.
+fn try_wait_caught_up(raft: SocketAddr, leader_raft: SocketAddr) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_millis(CATCH_UP_WAIT_MS);
+    let mut target = None;
     loop {
-        let leader = status(leader_raft).and_then(|s| s.last_applied_index);
-        let member = status(raft).and_then(|s| s.last_applied_index);
-        if leader.is_some() && member >= leader {
-            return;
+        let theirs = status(leader_raft);
+        if target.is_none() {
+            target = theirs.as_ref().and_then(|s| s.last_applied_index);
         }
-        assert!(
-            Instant::now() < deadline,
-            "member {raft} did not catch up: {member:?} < {leader:?}"
-        );
+        let member = status(raft);
+        let applied = member.as_ref().and_then(|s| s.last_applied_index);
+        if target.is_some() && applied >= target {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "member {raft} did not catch up: {applied:?} < {target:?}\n\
+                 its status: {member:?}\nthe leader's: {theirs:?}"
+            ));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// [`try_wait_caught_up`], panicking on failure.
+fn wait_caught_up(raft: SocketAddr, leader_raft: SocketAddr) {
+    try_wait_caught_up(raft, leader_raft).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// [`try_wait_caught_up`], panicking on failure with the tails of the members' logs.
+fn wait_caught_up_or_logs(b: &[BrokerProcess], raft: SocketAddr, leader_raft: SocketAddr) {
+    try_wait_caught_up(raft, leader_raft).unwrap_or_else(|e| panic!("{e}\n{}", logs(b)));
 }
 
 /// How long the leader's applied index must stay still for the group to count as quiet.
@@ -332,7 +352,7 @@ async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() 
         blocking(move || {
             let mut b = b.blocking_lock();
             let leader = wait_master(&mut b);
-            wait_caught_up(victim_raft, rafts[leader]);
+            wait_caught_up_or_logs(&b, victim_raft, rafts[leader]);
         })
         .await;
     }
@@ -438,7 +458,7 @@ async fn a_rolling_restart_of_every_member_under_load_exactly_once() {
             );
             let leader = wait_master(&mut b);
             b[i].respawn().expect("member starts again");
-            wait_caught_up(rafts[i], rafts[leader]);
+            wait_caught_up_or_logs(&b, rafts[i], rafts[leader]);
         })
         .await;
     }
@@ -713,7 +733,7 @@ async fn two_data_brokers_and_a_witness_fail_over_exactly_once_and_the_witness_k
             let next = wait_master(&mut b);
             assert_ne!(next, leader);
             b[leader].respawn().expect("respawn");
-            wait_caught_up(rafts[leader], rafts[next]);
+            wait_caught_up_or_logs(&b, rafts[leader], rafts[next]);
         })
         .await;
     }
@@ -836,7 +856,7 @@ async fn damaged_journals_are_repaired_from_the_other_members_under_load() {
                 wait_logged(&b[victim], "state journal damaged");
             }
             let leader = wait_master(&mut b);
-            wait_caught_up(rafts[victim], rafts[leader]);
+            wait_caught_up_or_logs(&b, rafts[victim], rafts[leader]);
         })
         .await;
     }

@@ -191,17 +191,27 @@ impl ReplicatedStore {
         let _ = self.raft.shutdown().await;
     }
 
-    async fn wait_leader(&self) -> u64 {
+    /// Waits until this member leads, and returns its term. Fails once Raft has stopped on an
+    /// error (a snapshot it could not install, a log it could not write): such a member
+    /// would otherwise stay up, never catch up and never lead, looking alive to a
+    /// supervisor. Failing stops the broker, so it is restarted and recovers from its disk.
+    async fn wait_leader(&self) -> Result<u64, ServerError> {
         let mut metrics = self.raft.metrics();
         loop {
-            {
+            let (running, leading) = {
                 let m = metrics.borrow_and_update();
-                if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
-                    return m.current_term;
-                }
+                let leading = (m.state == ServerState::Leader && m.current_leader == Some(self.id))
+                    .then_some(m.current_term);
+                (m.running_state.clone(), leading)
+            };
+            fail_if_stopped(self.id, running).await?;
+            if let Some(term) = leading {
+                return Ok(term);
             }
             if metrics.changed().await.is_err() {
-                // Raft stopped: never leader again.
+                // The core has gone; its last word, if any, was read above.
+                let running = metrics.borrow().running_state.clone();
+                fail_if_stopped(self.id, running).await?;
                 std::future::pending::<()>().await;
             }
         }
@@ -209,7 +219,7 @@ impl ReplicatedStore {
 
     async fn acquire_inner(&self) -> Result<Mastership, ServerError> {
         loop {
-            let term = self.wait_leader().await;
+            let term = self.wait_leader().await?;
             if self.handover.surrendered(term) {
                 // Handing this term's leadership over: serve again only if that fails.
                 tokio::time::sleep(Duration::from_millis(self.heartbeat_ms)).await;
@@ -314,6 +324,22 @@ impl SharedStore for ReplicatedStore {
     }
 }
 
+/// `Err` if member `id`'s Raft stopped on an error; waits forever if `shutdown` stopped it
+/// (the broker is stopping anyway).
+async fn fail_if_stopped(
+    id: NodeId,
+    running: Result<(), openraft::error::Fatal<NodeId>>,
+) -> Result<(), ServerError> {
+    match running {
+        Ok(()) => Ok(()),
+        Err(openraft::error::Fatal::Stopped) => std::future::pending().await,
+        Err(fatal) => {
+            tracing::error!(id, "raft stopped: {fatal}");
+            Err(ServerError::ReplicationStopped(fatal.to_string()))
+        }
+    }
+}
+
 /// Initialises a new cluster once every configured member answers and none is initialised:
 /// so a member whose data was wiped never starts a second cluster beside the running one.
 async fn bootstrap(raft: Raft, me: NodeId, members: BTreeMap<NodeId, Member>) {
@@ -352,5 +378,38 @@ async fn bootstrap(raft: Raft, me: NodeId, members: BTreeMap<NodeId, Member>) {
             }
         }
         tokio::time::sleep(Duration::from_millis(BOOTSTRAP_POLL_MS)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fail_if_stopped;
+    use haven_server::ServerError;
+    use openraft::error::Fatal;
+    use std::time::Duration;
+
+    /// A Raft that stopped on an error stops the broker; one stopped by `shutdown` does not
+    /// make it fail, and a running one goes on.
+    #[tokio::test]
+    async fn only_a_raft_stopped_by_an_error_fails_the_broker() {
+        assert!(fail_if_stopped(1, Ok(())).await.is_ok());
+        let storage = openraft::StorageError::from_io_error(
+            openraft::ErrorSubject::Snapshot(None),
+            openraft::ErrorVerb::Write,
+            std::io::Error::other("received snapshot is of another log id"),
+        );
+        match fail_if_stopped(1, Err(Fatal::StorageError(storage))).await {
+            Err(ServerError::ReplicationStopped(why)) => {
+                assert!(why.contains("received snapshot"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let shutdown = fail_if_stopped(1, Err(Fatal::Stopped));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), shutdown)
+                .await
+                .is_err(),
+            "a shut-down Raft leaves the broker to its own stop"
+        );
     }
 }

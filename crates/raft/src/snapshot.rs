@@ -95,23 +95,39 @@ impl SnapshotFiles {
         }
     }
 
+    /// The current snapshot: its meta and its file, read through one handle. Opening the path
+    /// twice (once for the meta, once for the data) let a build that finished in between
+    /// pair one snapshot's meta with the next one's bytes, and the follower sent them could
+    /// only fail the install (`install` checks the two agree), which stops its Raft.
     pub async fn current(&self) -> io::Result<Option<Snapshot<TypeConfig>>> {
-        let Some(meta) = self.current_meta()? else {
-            return Ok(None);
+        let mut file = match File::open(self.current_path()) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         };
-        let file = tokio::fs::File::open(self.current_path()).await?;
+        let meta = read_meta(&mut BufReader::new(&mut file))?;
+        // The whole file is the snapshot: it is sent from its first byte, header included.
+        file.seek(io::SeekFrom::Start(0))?;
         Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(file),
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
         }))
     }
 
+    /// A new, empty file to receive a snapshot into. The previous one is unlinked first,
+    /// not truncated: a transfer given up for a newer one can still have a chunk's write in
+    /// flight (tokio writes files on its blocking pool and returns before the write is
+    /// done), and that write must land in the old file, not in the middle of the new one.
     pub async fn receiving_file(&self) -> io::Result<tokio::fs::File> {
+        match tokio::fs::remove_file(self.receiving_path()).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         tokio::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(self.receiving_path())
             .await
     }
@@ -345,13 +361,7 @@ pub(crate) fn rebuild_state(files: &SnapshotFiles) -> io::Result<()> {
 pub(crate) fn install_meta(shared: &Shared, meta: &SnapshotMeta) -> io::Result<()> {
     let files = &shared.files;
     let tmp = files.receiving_path();
-    let mut out = File::create(&tmp)?;
-    out.write_all(MAGIC)?;
-    let meta_bytes = postcard::to_allocvec(meta).expect("encoding to a Vec cannot fail");
-    out.write_all(&(meta_bytes.len() as u32).to_le_bytes())?;
-    out.write_all(&meta_bytes)?;
-    out.write_all(&0u32.to_le_bytes())?;
-    out.sync_all()?;
+    write_without_segments(&tmp, meta)?;
     {
         let mut inner = shared.inner.lock().unwrap();
         inner.last_applied = meta.last_log_id;
@@ -360,6 +370,17 @@ pub(crate) fn install_meta(shared: &Shared, meta: &SnapshotMeta) -> io::Result<(
     files.replace_current(&tmp, meta)?;
     tracing::info!(snapshot = %meta.snapshot_id, "snapshot meta kept (witness)");
     Ok(())
+}
+
+/// Writes a snapshot of `meta` and no segments at `path`, synced.
+fn write_without_segments(path: &Path, meta: &SnapshotMeta) -> io::Result<()> {
+    let mut out = File::create(path)?;
+    out.write_all(MAGIC)?;
+    let meta_bytes = postcard::to_allocvec(meta).expect("encoding to a Vec cannot fail");
+    out.write_all(&(meta_bytes.len() as u32).to_le_bytes())?;
+    out.write_all(&meta_bytes)?;
+    out.write_all(&0u32.to_le_bytes())?;
+    out.sync_all()
 }
 
 /// Installs the snapshot just received: its segments become the state journal.
@@ -392,4 +413,63 @@ pub(crate) fn install(shared: &Shared, meta: &SnapshotMeta) -> io::Result<()> {
     files.replace_current(&received, meta)?;
     tracing::info!(snapshot = %meta.snapshot_id, "snapshot installed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn meta(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(1, 1),
+                index,
+            )),
+            last_membership: Default::default(),
+            snapshot_id: format!("1-{index}-{index}"),
+        }
+    }
+
+    fn make_current(files: &SnapshotFiles, meta: &SnapshotMeta) {
+        let tmp = files.dir().join("test.snap");
+        write_without_segments(&tmp, meta).unwrap();
+        files.replace_current(&tmp, meta).unwrap();
+    }
+
+    /// The meta a snapshot is sent with is the meta its bytes start with, and the bytes are
+    /// the whole file, even when a newer snapshot replaces it while it is being sent.
+    #[tokio::test]
+    async fn the_current_snapshot_is_one_file_from_its_first_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = SnapshotFiles::new(dir.path());
+        files.finish_interrupted_install().unwrap();
+        assert!(files.current().await.unwrap().is_none());
+        make_current(&files, &meta(10));
+        let mut sent = files.current().await.unwrap().unwrap();
+        assert_eq!(sent.meta, meta(10));
+        make_current(&files, &meta(20));
+        let mut bytes = Vec::new();
+        sent.snapshot.read_to_end(&mut bytes).await.unwrap();
+        assert_eq!(read_meta(&mut &bytes[..]).unwrap(), meta(10));
+        let newer = files.current().await.unwrap().unwrap();
+        assert_eq!(newer.meta, meta(20));
+    }
+
+    /// A write through the file of a transfer given up lands outside the next transfer's file.
+    #[tokio::test]
+    async fn a_new_receiving_file_is_not_written_through_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = SnapshotFiles::new(dir.path());
+        files.finish_interrupted_install().unwrap();
+        let mut old = files.receiving_file().await.unwrap();
+        old.write_all(b"first transfer").await.unwrap();
+        old.flush().await.unwrap();
+        let mut new = files.receiving_file().await.unwrap();
+        old.write_all(b", a late chunk").await.unwrap();
+        old.flush().await.unwrap();
+        new.write_all(b"second").await.unwrap();
+        new.shutdown().await.unwrap();
+        assert_eq!(std::fs::read(files.receiving_path()).unwrap(), b"second");
+    }
 }

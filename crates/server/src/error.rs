@@ -23,6 +23,10 @@ pub enum ServerError {
     /// Shared-store modes: this broker can no longer prove it is master; it stopped at once.
     #[error("no longer master, stopped serving: {0}")]
     Fenced(String),
+    /// Replicated mode: this member's consensus stopped on an error it cannot go on from
+    /// (its Raft log or state could not be written); restarted, it recovers from its disk.
+    #[error("replication stopped: {0}")]
+    ReplicationStopped(String),
     #[error("cannot start the network bridges' thread: {0}")]
     BridgeThread(std::io::Error),
 }
