@@ -384,6 +384,97 @@ async fn a_wiped_member_catches_up_from_a_snapshot_and_holds_the_same_records() 
     );
 }
 
+/// A member whose disk was lost must not vote before it has caught up: it may have
+/// acknowledged entries the others lack. Here a stored message is held by the leader and by
+/// the member that then loses its disk. With the leader down, the third member lacks the
+/// message, and only the wiped member's vote could make it leader, losing the message. It
+/// must not lead; once the leader is back, it leads and the message is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_member_does_not_vote_before_it_has_caught_up() {
+    // Several election timeouts (`TIMING`): time enough for an election to happen.
+    const NO_LEADER_MS: u64 = 4_000;
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    let mut b = start(dir.path(), &members, "").await;
+    let leader = wait_master_async(&mut b).await;
+    let (behind, wiped) = ((leader + 1) % 3, (leader + 2) % 3);
+    store_one(&mut b, "before".into()).await;
+    // One member goes down; the leader and the other store the next message.
+    tokio::task::block_in_place(|| b[behind].kill9()).expect("kill -9");
+    store_one(&mut b, "held-by-two".into()).await;
+    // The leader goes down, and the other member that holds the message loses its disk.
+    tokio::task::block_in_place(|| {
+        b[leader].kill9().expect("kill -9 the leader");
+        b[wiped].kill9().expect("kill -9");
+        std::fs::remove_dir_all(b[wiped].data_dir()).expect("wipe");
+        b[behind]
+            .respawn()
+            .expect("respawn the member that lacks the message");
+        b[wiped].respawn().expect("respawn the wiped member");
+    });
+    let deadline = Instant::now() + Duration::from_millis(NO_LEADER_MS);
+    while Instant::now() < deadline {
+        let serving = tokio::task::block_in_place(|| serving_among(&mut b, &[behind, wiped]));
+        assert!(
+            serving.is_empty(),
+            "member {} leads without the stored message, elected by the wiped member:\n{}",
+            members[behind].id,
+            logs(&b)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(b[wiped].log_path()).unwrap();
+    assert!(log.contains("not voting until"), "{log}");
+    // The leader is back: it leads (the others lack entries it holds), and nothing is lost.
+    tokio::task::block_in_place(|| b[leader].respawn()).expect("respawn the leader");
+    let now = wait_master_async(&mut b).await;
+    assert_eq!(now, leader, "{}", logs(&b));
+    let conn = Connection::connect(&b[now].addr().to_string(), ConnectOptions::default())
+        .await
+        .expect("connect to the leader");
+    let (mut sub, got) = receive_bodies(&conn, QUEUE, 2).await;
+    assert_eq!(got, ["before", "held-by-two"]);
+    assert!(nothing_more(&mut sub).await);
+    drop(sub);
+    // The wiped member catches up and votes again.
+    tokio::task::block_in_place(|| wait_logged(&b[wiped], "this member votes again"));
+    stop_all(&mut b);
+}
+
+/// Every member of a new group starts with an empty data directory, so each abstains from
+/// voting at first (it cannot tell a new group from a lost disk); seeing that no member holds
+/// anything yet, it votes, and the group elects its first leader. A member that looks only
+/// after the leader has written abstains until it has caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_group_elects_a_leader_though_its_empty_members_abstain_at_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = specs(3);
+    let mut b = start(dir.path(), &members, "").await;
+    let leader = wait_master_async(&mut b).await;
+    let log = std::fs::read_to_string(b[leader].log_path()).unwrap();
+    assert!(
+        log.contains("the data directory holds no raft log"),
+        "{log}"
+    );
+    store_one(&mut b, "stored".into()).await;
+    tokio::task::block_in_place(|| {
+        for m in &b {
+            let deadline = Instant::now() + Duration::from_millis(CATCH_UP_WAIT_MS);
+            loop {
+                let log = std::fs::read_to_string(m.log_path()).unwrap_or_default();
+                if log.contains("a new group; this member votes")
+                    || log.contains("this member votes again")
+                {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "never votes:\n{log}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    });
+    stop_all(&mut b);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn members_added_and_the_leader_removed_under_load_exactly_once() {
     let dir = tempfile::tempdir().unwrap();

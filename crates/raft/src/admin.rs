@@ -31,6 +31,12 @@ pub enum AdminRequest {
     Elect {
         term: u64,
     },
+    /// Sent by the member that initialised a new group to each member it had found empty:
+    /// nothing existed before, so the member (if still the process that answered, by
+    /// `incarnation`) stops abstaining from votes (`repair.rs`).
+    NewGroup {
+        incarnation: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +59,14 @@ pub struct Status {
     pub learners: BTreeMap<NodeId, Member>,
     /// On the leader: the last log index each member is known to hold.
     pub matched: BTreeMap<NodeId, Option<u64>>,
+    /// Drawn at random when the process starts: tells a restarted member from the process
+    /// that answered before (see `AdminRequest::NewGroup`).
+    #[serde(default)]
+    pub incarnation: u64,
+    /// Abstaining from votes until it has caught up: its log was damaged, or its data
+    /// directory was empty when it started (`repair.rs`).
+    #[serde(default)]
+    pub repairing: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -74,6 +88,8 @@ pub struct Admin {
     pub(crate) witness: bool,
     /// Set while this member repairs a damaged log (`repair.rs`).
     pub(crate) repair: std::sync::Arc<crate::repair::Repair>,
+    /// This process's `Status::incarnation`.
+    pub incarnation: u64,
 }
 
 impl Admin {
@@ -112,6 +128,8 @@ impl Admin {
             voters: v,
             learners: l,
             matched,
+            incarnation: self.incarnation,
+            repairing: self.repair.active(),
         }
     }
 
@@ -165,7 +183,7 @@ impl Admin {
                 }
                 if self.repair.active() {
                     return AdminResponse::Failed(
-                        "repairing a damaged raft log: not standing until caught up".into(),
+                        "catching up a lost (damaged or wiped) raft log: not standing until caught up".into(),
                     );
                 }
                 let now = self.raft.metrics().borrow().current_term;
@@ -178,6 +196,18 @@ impl Admin {
                 match self.raft.trigger().elect().await {
                     Ok(()) => AdminResponse::Done(format!("standing after term {term}")),
                     Err(e) => AdminResponse::Failed(format!("cannot stand: {e}")),
+                }
+            }
+            AdminRequest::NewGroup { incarnation } => {
+                if incarnation != self.incarnation {
+                    return AdminResponse::Failed(format!(
+                        "this member restarted (incarnation {:x}, not {incarnation:x})",
+                        self.incarnation
+                    ));
+                }
+                match crate::repair::end_for_new_group(&self.raft, &self.repair, !self.witness) {
+                    Ok(()) => AdminResponse::Done("votes in the new group".into()),
+                    Err(e) => AdminResponse::Failed(format!("cannot remove the marker: {e}")),
                 }
             }
             AdminRequest::Remove { id } => {

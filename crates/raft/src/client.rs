@@ -42,6 +42,22 @@ pub async fn elect(addr: &str, term: u64) -> io::Result<()> {
     }
 }
 
+/// Tells member `addr`, found empty as incarnation `incarnation`, that the group it belongs
+/// to was just initialised (`AdminRequest::NewGroup`).
+pub async fn new_group(addr: &str, incarnation: u64) -> io::Result<()> {
+    match call(
+        addr,
+        AdminRequest::NewGroup { incarnation },
+        STATUS_TIMEOUT_MS,
+    )
+    .await?
+    {
+        AdminResponse::Done(_) => Ok(()),
+        AdminResponse::Failed(s) => Err(io::Error::other(s)),
+        other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+    }
+}
+
 /// Sends a membership change (or a leadership transfer) to `addr`, following the answer to the leader.
 pub async fn change(addr: &str, req: AdminRequest) -> io::Result<String> {
     let mut addr = addr.to_string();

@@ -56,7 +56,13 @@ impl ReplicatedStore {
             .iter()
             .find(|m| m.id == ha.node_id)
             .expect("validated: node_id is a member");
+        let empty = crate::repair::never_held_state(&data_dir);
         let repair = Arc::new(Repair::resume(&data_dir).map_err(|e| dir_err(&data_dir, e))?);
+        if empty {
+            repair
+                .begin_empty()
+                .map_err(|e| dir_err(&data_dir, format!("an empty data directory: {e}")))?;
+        }
         let log = match LogStore::open(&data_dir, segment_bytes, me.witness) {
             Ok(log) => log,
             Err(e @ haven_journal::JournalError::Corrupt { .. }) => {
@@ -117,6 +123,7 @@ impl ReplicatedStore {
             },
             witness: me.witness,
             repair: repair.clone(),
+            incarnation: rand::random(),
         });
         let mut tasks = vec![tokio::spawn(crate::network::serve(
             listener,
@@ -151,13 +158,30 @@ impl ReplicatedStore {
                 repair.clone(),
                 !me.witness,
             )));
+            let peers = members
+                .iter()
+                .filter(|(id, _)| **id != ha.node_id)
+                .map(|(_, m)| m.raft.clone())
+                .collect();
+            tasks.push(tokio::spawn(crate::repair::unless_new_group(
+                raft.clone(),
+                repair.clone(),
+                peers,
+                !me.witness,
+            )));
         }
         let first = *members
             .keys()
             .next()
             .expect("validated: at least this member");
         if first == ha.node_id {
-            tasks.push(tokio::spawn(bootstrap(raft.clone(), ha.node_id, members)));
+            tasks.push(tokio::spawn(bootstrap(
+                raft.clone(),
+                ha.node_id,
+                members,
+                repair.clone(),
+                !me.witness,
+            )));
         }
         tracing::info!(
             id = ha.node_id,
@@ -342,7 +366,13 @@ async fn fail_if_stopped(
 
 /// Initialises a new cluster once every configured member answers and none is initialised:
 /// so a member whose data was wiped never starts a second cluster beside the running one.
-async fn bootstrap(raft: Raft, me: NodeId, members: BTreeMap<NodeId, Member>) {
+async fn bootstrap(
+    raft: Raft,
+    me: NodeId,
+    members: BTreeMap<NodeId, Member>,
+    repair: Arc<Repair>,
+    can_elect: bool,
+) {
     let mut logged = false;
     loop {
         match raft.is_initialized().await {
@@ -351,12 +381,15 @@ async fn bootstrap(raft: Raft, me: NodeId, members: BTreeMap<NodeId, Member>) {
             Err(_) => return,
         }
         let mut all_fresh = true;
+        let mut fresh = Vec::new();
         for (id, member) in &members {
             if *id == me {
                 continue;
             }
             match crate::client::status(&member.raft).await {
-                Ok(s) if s.last_log_index.is_none() && s.voters.is_empty() => {}
+                Ok(s) if s.last_log_index.is_none() && s.voters.is_empty() => {
+                    fresh.push((member.raft.clone(), s.incarnation));
+                }
                 Ok(_) => {
                     // Someone has a log: the cluster exists; wait to be contacted by its leader.
                     if !logged {
@@ -369,15 +402,47 @@ async fn bootstrap(raft: Raft, me: NodeId, members: BTreeMap<NodeId, Member>) {
             }
         }
         if all_fresh {
+            // Initialising stands for election at once, so this member must vote from now
+            // on: no member holds anything, the condition `repair::unless_new_group` waits for.
+            if let Err(e) = crate::repair::end_for_new_group(&raft, &repair, can_elect) {
+                tracing::error!("repair: cannot remove the marker: {e}");
+                tokio::time::sleep(Duration::from_millis(BOOTSTRAP_POLL_MS)).await;
+                continue;
+            }
             match raft.initialize(members.clone()).await {
                 Ok(()) => {
                     tracing::info!(members = members.len(), "initialised a new cluster");
+                    for (addr, incarnation) in fresh {
+                        tokio::spawn(tell_new_group(addr, incarnation));
+                    }
                     return;
                 }
                 Err(e) => tracing::info!("initialise: {e}"),
             }
         }
         tokio::time::sleep(Duration::from_millis(BOOTSTRAP_POLL_MS)).await;
+    }
+}
+
+/// How long the member that initialised a group keeps telling another member so.
+const NEW_GROUP_TELL_MS: u64 = 30_000;
+
+/// Tells the member at `addr` (found empty as `incarnation`) that the group is new, until it
+/// has heard, has restarted since, or `NEW_GROUP_TELL_MS` has passed. Without it, a member
+/// that looked at its peers only once the first leader had written would abstain until it
+/// caught up, and a group whose first leader went at once could be left unable to elect.
+async fn tell_new_group(addr: String, incarnation: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(NEW_GROUP_TELL_MS);
+    loop {
+        match crate::client::new_group(&addr, incarnation).await {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Other => {
+                tracing::info!(%addr, "not telling it the group is new: {e}");
+                return;
+            }
+            Err(_) if tokio::time::Instant::now() >= deadline => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(BOOTSTRAP_POLL_MS)).await,
+        }
     }
 }
 

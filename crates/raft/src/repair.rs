@@ -64,6 +64,21 @@ impl Repair {
         })
     }
 
+    /// Starts abstaining because this member's data directory is empty (`never_held_state`):
+    /// it may be a new group's member, or one whose disk was lost or wiped. Wiped, it may have
+    /// acknowledged entries it no longer holds, so it must not vote until it knows which:
+    /// `unless_new_group` ends this at once for a new group, `watch` once it has caught up.
+    pub fn begin_empty(&self) -> io::Result<()> {
+        tracing::warn!(
+            "the data directory holds no raft log: not voting until this member knows the \
+             group is new or has caught up with a leader (its disk may have been lost with \
+             entries it acknowledged)"
+        );
+        crate::files::write_atomically(&self.data_dir.join(MARKER), CATCHING_UP)?;
+        self.active.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Starts a repair: the log at `data_dir` is damaged (`why`).
     pub fn begin(&self, why: &str) -> io::Result<()> {
         tracing::error!(
@@ -80,11 +95,75 @@ impl Repair {
         self.active.load(Ordering::SeqCst)
     }
 
-    fn finish(&self) -> io::Result<()> {
-        std::fs::remove_file(self.data_dir.join(MARKER))?;
+    /// Ends the repair. `Ok(false)` if it had already ended.
+    fn finish(&self) -> io::Result<bool> {
+        if !self.active() {
+            return Ok(false);
+        }
+        match std::fs::remove_file(self.data_dir.join(MARKER)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         crate::files::sync_dir(&self.data_dir)?;
-        self.active.store(false, Ordering::SeqCst);
-        Ok(())
+        Ok(self.active.swap(false, Ordering::SeqCst))
+    }
+}
+
+/// Whether `data_dir` has never held this member's Raft state: no log, no vote, no repair
+/// under way. Call before the log is opened (opening creates it).
+pub(crate) fn never_held_state(data_dir: &Path) -> bool {
+    ["raft-log", "vote", MARKER]
+        .iter()
+        .all(|name| !data_dir.join(name).exists())
+}
+
+/// Whether a member's status shows a group that has stored nothing yet: no entry beyond the
+/// initial membership (index 0) and no snapshot.
+fn holds_nothing(s: &crate::admin::Status) -> bool {
+    s.last_log_index.is_none_or(|i| i == 0) && s.snapshot_index.is_none()
+}
+
+/// Ends the repair (if under way) because the group is new: no member holds anything.
+pub(crate) fn end_for_new_group(raft: &Raft, repair: &Repair, can_elect: bool) -> io::Result<()> {
+    if repair.finish()? {
+        if can_elect {
+            raft.runtime_config().elect(true);
+        }
+        tracing::info!("no member holds an entry yet: a new group; this member votes");
+    }
+    Ok(())
+}
+
+/// Runs while repairing: ends the repair at once if every other member (`peers`, their Raft
+/// addresses) answers and none holds anything beyond the initial membership. Then the group
+/// is new (or lost every disk): nothing was committed that this member could have
+/// acknowledged and lost, and its vote may be needed to elect the first leader. Otherwise
+/// `watch` ends it once this member has caught up.
+pub(crate) async fn unless_new_group(
+    raft: Raft,
+    repair: std::sync::Arc<Repair>,
+    peers: Vec<String>,
+    can_elect: bool,
+) {
+    while repair.active() {
+        let mut all_new = true;
+        for addr in &peers {
+            match crate::client::status(addr).await {
+                Ok(s) if holds_nothing(&s) => {}
+                _ => {
+                    all_new = false;
+                    break;
+                }
+            }
+        }
+        if all_new {
+            match end_for_new_group(&raft, &repair, can_elect) {
+                Ok(()) => return,
+                Err(e) => tracing::error!("repair: cannot remove the marker: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
 }
 
@@ -129,6 +208,9 @@ pub(crate) async fn watch(raft: Raft, repair: std::sync::Arc<Repair>, can_elect:
     let mut goal: Option<(NodeId, u64, u64)> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+        if !repair.active() {
+            return; // Ended by `unless_new_group`.
+        }
         let m = raft.metrics().borrow().clone();
         let leader = m.current_leader.filter(|l| *l != me).and_then(|l| {
             m.membership_config
@@ -161,9 +243,13 @@ pub(crate) async fn watch(raft: Raft, repair: std::sync::Arc<Repair>, can_elect:
         }
         if let Some((l, _, index)) = goal {
             if m.last_applied.is_some_and(|a| a.index >= index) {
-                if let Err(e) = repair.finish() {
-                    tracing::error!("repair: cannot remove the marker: {e}");
-                    continue;
+                match repair.finish() {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::error!("repair: cannot remove the marker: {e}");
+                        continue;
+                    }
                 }
                 if can_elect {
                     raft.runtime_config().elect(true);
@@ -182,9 +268,9 @@ pub(crate) async fn watch(raft: Raft, repair: std::sync::Arc<Repair>, can_elect:
                 leader = ?leader.map(|(l, _)| l),
                 applied = ?m.last_applied.map(|l| l.index),
                 goal = ?goal.map(|(_, _, i)| i),
-                "repairing a damaged raft log: not voting until caught up with a leader; if no \
-                 leader can be elected without this member, the group waits for the members \
-                 that hold the lost entries"
+                "catching up a lost (damaged or wiped) raft log: not voting until caught up \
+                 with a leader; if no leader can be elected without this member, the group \
+                 waits for the members that hold the lost entries"
             );
         }
     }
@@ -227,6 +313,49 @@ mod tests {
         again.finish().unwrap();
         assert!(!again.active() && !d.join(MARKER).exists());
         assert!(!Repair::resume(d).unwrap().active());
+    }
+
+    /// An empty directory abstains, and the abstention survives a restart until it ends;
+    /// ending it twice (two of the ways racing) is harmless.
+    #[test]
+    fn an_empty_directory_abstains_until_the_repair_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert!(never_held_state(d));
+        let repair = Repair::resume(d).unwrap();
+        assert!(!repair.active());
+        repair.begin_empty().unwrap();
+        assert!(repair.active() && !never_held_state(d));
+        assert_eq!(std::fs::read(d.join(MARKER)).unwrap(), CATCHING_UP);
+        assert!(Repair::resume(d).unwrap().active(), "restarted: still abstains");
+        assert!(repair.finish().unwrap());
+        assert!(!repair.finish().unwrap(), "already ended");
+        assert!(!Repair::resume(d).unwrap().active());
+        std::fs::create_dir_all(d.join("raft-log")).unwrap();
+        assert!(!never_held_state(d), "a log: not empty");
+    }
+
+    #[test]
+    fn only_a_member_with_nothing_beyond_the_initial_membership_holds_nothing() {
+        let status = |last_log_index, snapshot_index| crate::admin::Status {
+            id: 1,
+            state: "Follower".into(),
+            serving: false,
+            term: 1,
+            leader: None,
+            last_log_index,
+            last_applied_index: None,
+            snapshot_index,
+            voters: Default::default(),
+            learners: Default::default(),
+            matched: Default::default(),
+            incarnation: 0,
+            repairing: false,
+        };
+        assert!(holds_nothing(&status(None, None)));
+        assert!(holds_nothing(&status(Some(0), None)));
+        assert!(!holds_nothing(&status(Some(1), None)));
+        assert!(!holds_nothing(&status(None, Some(40))));
     }
 
     #[test]
