@@ -5,6 +5,7 @@
 //! cargo build --release -p haven-cli --examples --bins
 //! cargo run --release -p haven-cli --example soak -- --duration 30m --mode exactly-once
 //! cargo run --release -p haven-cli --example soak -- --duration 30m --mode standalone --seed 7
+//! cargo run --release -p haven-cli --example soak -- --duration 30m --mode replicated
 //! ```
 //!
 //! The logic is `tests/support/soak.rs`, shared with the bounded CI run
@@ -46,7 +47,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_mode(s: &str) -> Result<soak::Mode, String> {
-    soak::Mode::parse(s).ok_or_else(|| format!("'{s}': expected exactly-once or standalone"))
+    soak::Mode::parse(s)
+        .ok_or_else(|| format!("'{s}': expected exactly-once, standalone or replicated"))
 }
 
 /// `target/<profile>/examples/soak` -> `target/<profile>/haven`.

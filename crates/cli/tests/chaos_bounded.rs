@@ -2,8 +2,12 @@
 //! (default 25 s) against the debug build, then heals and checks. The long run is the
 //! `soak` example (`tests/support/soak.rs` is shared; docs/RELIABILITY.md has its figures).
 //!
-//! The seed is printed; `HAVEN_CHAOS_SEED=<seed>` replays the fault schedule. The two runs
-//! take turns (a lock), so they do not share the cores with each other.
+//! The seed is printed; `HAVEN_CHAOS_SEED=<seed>` replays the fault schedule. The runs take
+//! turns (a lock), so they do not share the cores with each other.
+//!
+//! The replicated mode (`soak --mode replicated`) is not run here yet: it found a leader that
+//! serves twice in one term crash on its own state journal (docs/RELIABILITY.md, "Known
+//! problems"), and a CI run would fail on it now and then until that is fixed.
 
 #[path = "support/soak.rs"]
 mod soak;

@@ -49,6 +49,21 @@ impl LogStore for LeaderStore {
         Box::new(haven_server::JournalLoader::new(self.sm.files.state_dir()))
     }
 
+    fn leadership_check(&self) -> Option<haven_server::LeadershipCheck> {
+        let raft = self.raft.clone();
+        let term = self.term;
+        // Heartbeats to a majority and back: a leader that cannot get them in two election
+        // timeouts is cut off or deposed.
+        let wait = Duration::from_millis(2 * raft.config().election_timeout_max);
+        Some(Arc::new(move || {
+            let raft = raft.clone();
+            Box::pin(async move {
+                let confirmed = tokio::time::timeout(wait, raft.ensure_linearizable()).await;
+                matches!(confirmed, Ok(Ok(_))) && raft.metrics().borrow().current_term == term
+            })
+        }))
+    }
+
     fn record_bytes_max(&self) -> usize {
         // Well inside one Raft frame (`network::FRAME_BYTES_MAX`).
         self.sm

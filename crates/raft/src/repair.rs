@@ -327,7 +327,10 @@ mod tests {
         repair.begin_empty().unwrap();
         assert!(repair.active() && !never_held_state(d));
         assert_eq!(std::fs::read(d.join(MARKER)).unwrap(), CATCHING_UP);
-        assert!(Repair::resume(d).unwrap().active(), "restarted: still abstains");
+        assert!(
+            Repair::resume(d).unwrap().active(),
+            "restarted: still abstains"
+        );
         assert!(repair.finish().unwrap());
         assert!(!repair.finish().unwrap(), "already ended");
         assert!(!Repair::resume(d).unwrap().active());

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub store_id: String,
     /// The next connection id (see `next_conn_id`).
     pub next_conn: std::sync::atomic::AtomicU64,
+    /// Run before CONNECTED reports a producer's mark (`LogStore::leadership_check`).
+    pub leadership: Option<crate::log::LeadershipCheck>,
 }
 
 impl Shared {
@@ -274,6 +276,17 @@ async fn handshake(
             return None;
         }
     };
+    // A Raft leader frozen while another was elected answers from its old state until it
+    // hears of the newer term: a mark below what the client had receipted since (seen by the
+    // replicated soak as "producers forgotten by a store", and failing SENDs as unknown where
+    // the client does not resend). Confirmed with a majority after the mark was read, the
+    // mark is current.
+    if let (Some(_), Some(check)) = (&producer, &shared.leadership) {
+        if !check().await {
+            write_error_and_close(writer, "not the leader: connect to another member").await;
+            return None;
+        }
+    }
     let mut connected = Frame::new(Cmd::Connected)
         .with_header("version", version.as_str())
         .with_header("server", format!("Haven/{}", env!("CARGO_PKG_VERSION")))

@@ -36,7 +36,7 @@ pub fn lock_data_dir(dir: &std::path::Path) -> Result<Box<dyn Send + Sync>, Serv
 pub use error::ServerError;
 pub use ha::{run_shared, run_shared_with, Edges, Mastership, Role, SharedStore};
 pub use idle::set_idle_hook;
-pub use log::{DurableLog, LogStore, OnRecord};
+pub use log::{DurableLog, LeadershipCheck, LogStore, OnRecord};
 pub use net::{Accepted, Listener, Network, TcpNetwork};
 pub use shared_fs::SharedFsStore;
 
@@ -222,6 +222,7 @@ impl Server {
         } = env;
         let boot_id = clock.now_ms();
         let record_bytes_max = log.record_bytes_max();
+        let leadership = log.leadership_check();
         let mut engine = Engine::new(engine_config(&config, boot_id, record_bytes_max));
         engine.set_loader(log.loader());
         let started = tokio::time::Instant::now();
@@ -283,6 +284,7 @@ impl Server {
             core: core_tx,
             store_id,
             next_conn: AtomicU64::new(boot_id << 20),
+            leadership,
         });
         let network = match network::start(&shared) {
             Ok(n) => n,

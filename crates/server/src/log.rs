@@ -12,6 +12,12 @@ use haven_journal::{Journal, JournalConfig, JournalError, JournalFailure, Lsn, S
 use std::path::PathBuf;
 use tokio::sync::watch;
 
+/// Confirms that this broker still leads its store: state read before the returned future
+/// is started was current if it yields `true` (a read index, as Raft's).
+pub type LeadershipCheck = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> + Send + Sync,
+>;
+
 /// Called for every record in order while a log is opened: (lsn, payload).
 pub type OnRecord<'a> = &'a mut dyn FnMut(Lsn, &[u8]) -> Result<(), String>;
 
@@ -25,6 +31,13 @@ pub trait LogStore: Send {
     fn open(self: Box<Self>, on_record: OnRecord<'_>) -> Result<Box<dyn DurableLog>, JournalError>;
     /// For log lines.
     fn describe(&self) -> String;
+    /// For a store whose master can be deposed before it knows (a Raft leader frozen while
+    /// another was elected): the check to run before answering from its state what a client
+    /// acts on (the producer mark in CONNECTED). `None` where a master that is deposed stops
+    /// at once (a lock or lease it holds) or cannot be (one broker).
+    fn leadership_check(&self) -> Option<LeadershipCheck> {
+        None
+    }
 }
 
 /// An open log. Only the core task uses it.

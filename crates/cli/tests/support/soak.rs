@@ -10,10 +10,14 @@
 //! It is not a module of `haven-cli` itself (the binary must not carry test code) nor of
 //! `haven-testkit` (which stays synchronous and does not depend on the client crate).
 //!
-//! Two modes:
+//! Three modes:
 //! - [`Mode::ExactlyOnce`]: one broker (one store) restarted again and again. Every SEND
 //!   carries the client's producer id and sequence, so the checker forbids any second
 //!   delivery ([`Duplicates::Forbidden`]) and checks per-producer order.
+//! - [`Mode::Replicated`]: three Raft members (`[ha] mode = "replicated"`), one logical store,
+//!   checked as strictly as one broker. The faults also wipe a member's data directory
+//!   (`kill -9`, delete, restart): it must catch up from a snapshot and not vote before it
+//!   has (the group may have to wait for a member that holds what it lost).
 //! - [`Mode::Standalone`]: three brokers with separate stores. A SEND one broker stored just
 //!   before it failed, without a RECEIPT, is sent again to another, which cannot know: repeats
 //!   are counted ([`Duplicates::Counted`]), loss is forbidden.
@@ -31,6 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,7 +43,8 @@ use std::time::{Duration, Instant};
 
 use haven_client::{AckMode, Client, ClientError, ConnectOptions};
 use haven_testkit::{
-    free_addr, BrokerOpts, BrokerProcess, Duplicates, Fault, History, Proxy, Report, SendOutcome,
+    free_addr, stomp_connect_probe, BrokerOpts, BrokerProcess, Duplicates, Fault, History, Proxy,
+    Report, SendOutcome,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -48,6 +54,14 @@ pub const QUEUES: usize = 2;
 pub const PRODUCER_CLIENTS: usize = 3;
 /// Brokers in standalone mode.
 const STANDALONE_BROKERS: usize = 3;
+/// Members of the replicated group.
+const REPLICATED_MEMBERS: usize = 3;
+/// Replicated mode: Raft timing, and a snapshot (with a purge of the Raft log) every this
+/// many entries, so a wiped member catches up from a snapshot, not the log.
+const REPLICATED_HA: &str =
+    "heartbeat_ms = 100\nelection_timeout_ms = 500\nsnapshot_entries = 500\n";
+/// Bound on a replicated group electing its first leader.
+const FIRST_LEADER_WAIT_MS: u64 = 60_000;
 /// Heart-beats both ways: a silent link or a frozen broker is noticed in about a second.
 const HEARTBEAT_MS: u64 = 500;
 /// Bound on TCP connect + CONNECT/CONNECTED: a black-holed proxy accepts and then says nothing.
@@ -84,6 +98,7 @@ const DRAIN_BROKER_QUIET_MS: u64 = 2_000;
 pub enum Mode {
     ExactlyOnce,
     Standalone,
+    Replicated,
 }
 
 impl Mode {
@@ -93,6 +108,7 @@ impl Mode {
         match s {
             "exactly-once" => Some(Mode::ExactlyOnce),
             "standalone" => Some(Mode::Standalone),
+            "replicated" => Some(Mode::Replicated),
             _ => None,
         }
     }
@@ -101,6 +117,20 @@ impl Mode {
         match self {
             Mode::ExactlyOnce => "exactly-once",
             Mode::Standalone => "standalone",
+            Mode::Replicated => "replicated",
+        }
+    }
+
+    /// One logical store: nothing may be delivered twice, and per-producer order holds.
+    fn one_store(self) -> bool {
+        self != Mode::Standalone
+    }
+
+    /// The faults of this mode.
+    fn faults(self) -> &'static [FaultKind] {
+        match self {
+            Mode::Replicated => &FaultKind::ALL,
+            Mode::ExactlyOnce | Mode::Standalone => &FaultKind::ALL[..5],
         }
     }
 }
@@ -125,15 +155,18 @@ enum FaultKind {
     BlackHole,
     Delay,
     Reset,
+    /// Replicated mode only: `kill -9`, the data directory deleted, restarted empty.
+    Wipe,
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 5] = [
+    const ALL: [FaultKind; 6] = [
         FaultKind::Kill9,
         FaultKind::Pause,
         FaultKind::BlackHole,
         FaultKind::Delay,
         FaultKind::Reset,
+        FaultKind::Wipe,
     ];
 
     fn name(self) -> &'static str {
@@ -143,6 +176,7 @@ impl FaultKind {
             FaultKind::BlackHole => "black hole",
             FaultKind::Delay => "delay",
             FaultKind::Reset => "reset",
+            FaultKind::Wipe => "kill -9 + wipe + restart",
         }
     }
 }
@@ -198,7 +232,7 @@ impl fmt::Display for Summary {
             self.elapsed.as_secs_f64()
         )?;
         write!(f, "  faults injected: {}", self.faults_total())?;
-        for kind in FaultKind::ALL {
+        for &kind in self.mode.faults() {
             write!(
                 f,
                 ", {} {}",
@@ -212,9 +246,10 @@ impl fmt::Display for Summary {
             "  messages: sent {} receipted {} refused {} unknown {} | delivered {} ids in {} deliveries | checked {}",
             r.attempted, r.receipted, r.failed, r.unknown, r.delivered, r.deliveries, r.attempted
         )?;
-        let order = match self.mode {
-            Mode::ExactlyOnce => r.order_violations.len().to_string(),
-            Mode::Standalone => "not checked (separate stores)".to_string(),
+        let order = if self.mode.one_store() {
+            r.order_violations.len().to_string()
+        } else {
+            "not checked (separate stores)".to_string()
         };
         writeln!(
             f,
@@ -273,6 +308,77 @@ fn broker_config() -> String {
     format!("[stomp]\nheartbeat_send_ms = {HEARTBEAT_MS}\nheartbeat_receive_ms = {HEARTBEAT_MS}\n")
 }
 
+/// Member `i` of a replicated group whose members listen on `rafts` and `stomps`.
+fn replicated_config(i: usize, rafts: &[SocketAddr], stomps: &[SocketAddr]) -> String {
+    let mut c = format!(
+        "[broker]\nname = \"soak-{i}\"\n\n{}\n[ha]\nmode = \"replicated\"\nnode_id = {}\n\
+         cluster_name = \"soak\"\n{REPLICATED_HA}\n",
+        broker_config(),
+        i + 1
+    );
+    for (j, (raft, stomp)) in rafts.iter().zip(stomps).enumerate() {
+        c += &format!(
+            "[[ha.members]]\nid = {}\nraft = \"{raft}\"\nstomp = \"{stomp}\"\n\n",
+            j + 1
+        );
+    }
+    c
+}
+
+/// Bound on a wiped member catching up before the next disk is wiped.
+const REPAIRED_WAIT_MS: u64 = 120_000;
+
+/// Waits until every member at `rafts` answers and none is catching up after a lost disk.
+async fn wait_none_repairing(rafts: &[SocketAddr]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_millis(REPAIRED_WAIT_MS);
+    loop {
+        let mut whole = true;
+        let mut seen = Vec::new();
+        for raft in rafts {
+            match haven_raft::client::status(&raft.to_string()).await {
+                Ok(s) if !s.repairing => {}
+                Ok(_) => {
+                    whole = false;
+                    seen.push(format!("{raft}: repairing"));
+                }
+                Err(e) => {
+                    whole = false;
+                    seen.push(format!("{raft}: {e}"));
+                }
+            }
+        }
+        if whole {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "a wiped member did not catch up in {REPAIRED_WAIT_MS} ms: {}",
+                seen.join("; ")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until one of `brokers` serves STOMP (a replicated group's leader).
+fn wait_serving(brokers: &[BrokerProcess]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_millis(FIRST_LEADER_WAIT_MS);
+    loop {
+        for b in brokers {
+            let probe = stomp_connect_probe(b.addr(), Duration::from_millis(500));
+            if probe.is_ok_and(|command| command == "CONNECTED") {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "no member of the replicated group served in {FIRST_LEADER_WAIT_MS} ms"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn client_options() -> ConnectOptions {
     ConnectOptions {
         heartbeat_ms: (HEARTBEAT_MS, HEARTBEAT_MS),
@@ -291,6 +397,8 @@ struct Cluster {
     via_proxy: Vec<String>,
     /// Direct URIs of the brokers, for the final drain.
     direct: Vec<String>,
+    /// Replicated mode: each member's Raft port.
+    rafts: Vec<SocketAddr>,
 }
 
 impl Cluster {
@@ -298,16 +406,29 @@ impl Cluster {
         let n = match cfg.mode {
             Mode::ExactlyOnce => 1,
             Mode::Standalone => STANDALONE_BROKERS,
+            Mode::Replicated => REPLICATED_MEMBERS,
         };
+        let rafts: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+        let stomps: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
         let mut brokers = Vec::new();
         let mut proxies = Vec::new();
         for i in 0..n {
             let mut opts =
-                BrokerOpts::new(&cfg.bin, cfg.dir.join(format!("broker-{i}")), free_addr());
-            opts.config_toml = Some(broker_config());
-            let broker = BrokerProcess::start(opts).map_err(|e| format!("broker {i}: {e}"))?;
+                BrokerOpts::new(&cfg.bin, cfg.dir.join(format!("broker-{i}")), stomps[i]);
+            let broker = if cfg.mode == Mode::Replicated {
+                // Only the leader listens for STOMP: start them all, then wait for one.
+                opts.config_toml = Some(replicated_config(i, &rafts, &stomps));
+                BrokerProcess::spawn(opts)
+            } else {
+                opts.config_toml = Some(broker_config());
+                BrokerProcess::start(opts)
+            }
+            .map_err(|e| format!("broker {i}: {e}"))?;
             proxies.push(Proxy::start(broker.addr()).map_err(|e| format!("proxy {i}: {e}"))?);
             brokers.push(broker);
+        }
+        if cfg.mode == Mode::Replicated {
+            wait_serving(&brokers)?;
         }
         Ok(Cluster {
             via_proxy: proxies
@@ -315,6 +436,11 @@ impl Cluster {
                 .map(|p| format!("tcp://{}", p.addr()))
                 .collect(),
             direct: brokers.iter().map(|b| b.stomp_url()).collect(),
+            rafts: if cfg.mode == Mode::Replicated {
+                rafts
+            } else {
+                Vec::new()
+            },
             brokers: Arc::new(Mutex::new(brokers)),
             proxies: Arc::new(proxies),
         })
@@ -332,25 +458,39 @@ impl Cluster {
 
 /// One fault on broker/proxy `target`, applied, held and healed before it returns. Returns an
 /// error only for a broker that cannot be signalled or restarted (the run cannot go on).
+/// A replicated group's members are restarted without waiting for them to serve (only the
+/// leader does).
 fn inject(
     cluster_brokers: &Mutex<Vec<BrokerProcess>>,
     proxies: &[Proxy],
+    mode: Mode,
     target: usize,
     kind: FaultKind,
     rng: &mut StdRng,
 ) -> Result<(), String> {
     let sleep = |ms: u64| std::thread::sleep(Duration::from_millis(ms));
+    let restart = |b: &mut BrokerProcess| {
+        if mode == Mode::Replicated {
+            b.respawn()
+        } else {
+            b.restart()
+        }
+        .map_err(|e| format!("restart: {e}"))
+    };
     match kind {
-        FaultKind::Kill9 => {
+        FaultKind::Kill9 | FaultKind::Wipe => {
             let down = rng.gen_range(KILL_DOWN_MS);
             let mut brokers = cluster_brokers.lock().expect("brokers poisoned");
             brokers[target]
                 .kill9()
                 .map_err(|e| format!("kill -9: {e}"))?;
+            if kind == FaultKind::Wipe {
+                let dir = brokers[target].data_dir().to_path_buf();
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|e| format!("wiping {}: {e}", dir.display()))?;
+            }
             sleep(down);
-            brokers[target]
-                .restart()
-                .map_err(|e| format!("restart: {e}"))?;
+            restart(&mut brokers[target])?;
         }
         FaultKind::Pause => {
             let hold = rng.gen_range(SILENCE_MS);
@@ -573,9 +713,10 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
             .await
             .map_err(|e| format!("consumer connects: {e}"))?;
         consumers.push(client.clone());
-        let give_up_ms = match cfg.mode {
-            Mode::ExactlyOnce => DRAIN_WAIT_MS,
-            Mode::Standalone => DRAIN_WAIT_STANDALONE_MS,
+        let give_up_ms = if cfg.mode.one_store() {
+            DRAIN_WAIT_MS
+        } else {
+            DRAIN_WAIT_STANDALONE_MS
         };
         consumer_tasks.push(spawn_consumer(client, q, give_up_ms, &w));
     }
@@ -597,13 +738,20 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
     let fault_start = Instant::now();
     while fault_start.elapsed() < cfg.duration {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(FAULT_GAP_MS))).await;
-        let kind = FaultKind::ALL[rng.gen_range(0..FaultKind::ALL.len())];
+        let kinds = cfg.mode.faults();
+        let kind = kinds[rng.gen_range(0..kinds.len())];
         let target = pick_target(cfg.mode, &cluster, &producers, &consumers, &mut rng);
         let fault_seed = rng.gen::<u64>();
+        if kind == FaultKind::Wipe {
+            // A lost disk is a failure until its member has caught up: a second one before
+            // that is more than three members survive (the group would rightly wait for ever).
+            wait_none_repairing(&cluster.rafts).await?;
+        }
         let (brokers, proxies) = (cluster.brokers.clone(), cluster.proxies.clone());
+        let mode = cfg.mode;
         blocking(move || {
             let mut rng = StdRng::seed_from_u64(fault_seed);
-            inject(&brokers, &proxies, target, kind, &mut rng)
+            inject(&brokers, &proxies, mode, target, kind, &mut rng)
         })
         .await?;
         *faults.entry(kind).or_default() += 1;
@@ -685,9 +833,10 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
         }
     }
 
-    let (duplicates, check_order) = match cfg.mode {
-        Mode::ExactlyOnce => (Duplicates::Forbidden, true),
-        Mode::Standalone => (Duplicates::Counted, false),
+    let (duplicates, check_order) = if cfg.mode.one_store() {
+        (Duplicates::Forbidden, true)
+    } else {
+        (Duplicates::Counted, false)
     };
     let report = w.history.check(duplicates, check_order);
     let brokers = cluster.brokers.clone();
@@ -723,8 +872,8 @@ pub async fn run(cfg: &SoakConfig) -> Result<Summary, String> {
     })
 }
 
-/// Standalone mode: usually the broker a producer or consumer is on right now (so the fault
-/// hits traffic), sometimes any broker.
+/// Several brokers (standalone or replicated): usually the broker a producer or consumer is
+/// on right now (so the fault hits traffic: a replicated group's leader), sometimes any.
 fn pick_target(
     mode: Mode,
     cluster: &Cluster,
