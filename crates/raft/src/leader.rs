@@ -103,7 +103,8 @@ impl LogStore for LeaderStore {
             self.lost.clone(),
         ));
         let (proposals, rx) = mpsc::unbounded_channel();
-        tokio::spawn(propose(self.raft.clone(), rx, self.lost.clone()));
+        let proposer = tokio::spawn(propose(self.raft.clone(), rx, self.lost.clone()));
+        *self.sm.proposer.lock().unwrap() = Some(proposer);
         tracing::info!(
             term = self.term,
             next_lsn = start_lsn,

@@ -18,6 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// Bound on the previous serving's proposer handing its last entries to Raft.
+const EARLIER_PROPOSER_WAIT_MS: u64 = 10_000;
+
 /// How often a fresh cluster's first member asks the others whether they are initialised.
 const BOOTSTRAP_POLL_MS: u64 = 200;
 
@@ -241,6 +244,41 @@ impl ReplicatedStore {
         }
     }
 
+    /// Waits (at most `EARLIER_PROPOSER_WAIT_MS`) for the proposer of this member's previous
+    /// serving, if any, to hand its last entries to Raft; stops it after that.
+    async fn wait_earlier_proposer(&self) {
+        let earlier = self.sm.shared.proposer.lock().unwrap().take();
+        if let Some(mut proposer) = earlier {
+            let wait = Duration::from_millis(EARLIER_PROPOSER_WAIT_MS);
+            if tokio::time::timeout(wait, &mut proposer).await.is_err() {
+                // Whatever it still held was never acknowledged: drop it.
+                tracing::warn!("the previous serving's proposer did not stop; stopping it");
+                proposer.abort();
+                let _ = proposer.await;
+            }
+        }
+    }
+
+    /// Waits until this member, still leading `term`, has applied every entry of its log.
+    /// `false` once it no longer leads `term`.
+    async fn applied_whole_log(&self, term: u64) -> bool {
+        let mut metrics = self.raft.metrics();
+        loop {
+            {
+                let m = metrics.borrow_and_update();
+                if m.state != ServerState::Leader || m.current_term != term {
+                    return false;
+                }
+                if m.last_applied.map(|l| l.index) >= m.last_log_index {
+                    return true;
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return false;
+            }
+        }
+    }
+
     async fn acquire_inner(&self) -> Result<Mastership, ServerError> {
         loop {
             let term = self.wait_leader().await?;
@@ -249,11 +287,23 @@ impl ReplicatedStore {
                 tokio::time::sleep(Duration::from_millis(self.heartbeat_ms)).await;
                 continue;
             }
-            // Leadership is confirmed by a majority and the state machine has applied every
-            // entry committed before this term's first: the state journal is complete.
+            // An earlier serving's proposals first: all handed to Raft (its proposer stops once
+            // that serving's log is dropped) ...
+            self.wait_earlier_proposer().await;
+            // ... then leadership is confirmed by a majority and the state machine has applied
+            // every entry committed before this term's first (Raft handles requests in order,
+            // so the earlier proposals are in its log by now) ...
             if let Err(e) = self.raft.ensure_linearizable().await {
                 tracing::info!(term, "won an election but could not confirm it: {e}");
                 tokio::time::sleep(Duration::from_millis(self.heartbeat_ms)).await;
+                continue;
+            }
+            // ... and every entry in the log is applied. A leader that lost its majority but
+            // kept openraft's leadership serves a second time in the same term; entries its
+            // first serving proposed were applied after the second had recovered the state
+            // journal, under the LSNs it numbered on from (the replicated soak crashed on it:
+            // "the log's next LSN went back"). So the state journal is complete now.
+            if !self.applied_whole_log(term).await {
                 continue;
             }
             let (lost_tx, lost_rx) = watch::channel(None);

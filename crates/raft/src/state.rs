@@ -60,6 +60,9 @@ pub struct Shared {
     pub(crate) applied: watch::Sender<Option<LogId>>,
     /// A witness's state machine: it applies no records and keeps no snapshot data.
     pub(crate) witness: bool,
+    /// The task handing the leader's entries to Raft (`leader::propose`), of the latest
+    /// serving: a next serving waits for it (`ReplicatedStore::acquire`).
+    pub(crate) proposer: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 #[derive(Clone)]
@@ -114,6 +117,7 @@ impl StateMachine {
                 }),
                 files,
                 applied,
+                proposer: Mutex::new(None),
                 witness,
             }),
         })
