@@ -39,7 +39,7 @@ pub enum AdminRequest {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub id: NodeId,
     /// `Leader`, `Follower`, `Candidate` or `Learner`: openraft's role. A member restarted from

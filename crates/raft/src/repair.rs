@@ -124,12 +124,19 @@ fn holds_nothing(s: &crate::admin::Status) -> bool {
     s.last_log_index.is_none_or(|i| i == 0) && s.snapshot_index.is_none()
 }
 
+/// Ends the repair and lets this member stand again (unless it never does). `Ok(false)` if
+/// the repair had already ended.
+fn end(raft: &Raft, repair: &Repair, can_elect: bool) -> io::Result<bool> {
+    let ended = repair.finish()?;
+    if ended && can_elect {
+        raft.runtime_config().elect(true);
+    }
+    Ok(ended)
+}
+
 /// Ends the repair (if under way) because the group is new: no member holds anything.
 pub(crate) fn end_for_new_group(raft: &Raft, repair: &Repair, can_elect: bool) -> io::Result<()> {
-    if repair.finish()? {
-        if can_elect {
-            raft.runtime_config().elect(true);
-        }
+    if end(raft, repair, can_elect)? {
         tracing::info!("no member holds an entry yet: a new group; this member votes");
     }
     Ok(())
@@ -243,16 +250,13 @@ pub(crate) async fn watch(raft: Raft, repair: std::sync::Arc<Repair>, can_elect:
         }
         if let Some((l, _, index)) = goal {
             if m.last_applied.is_some_and(|a| a.index >= index) {
-                match repair.finish() {
+                match end(&raft, &repair, can_elect) {
                     Ok(true) => {}
                     Ok(false) => return,
                     Err(e) => {
                         tracing::error!("repair: cannot remove the marker: {e}");
                         continue;
                     }
-                }
-                if can_elect {
-                    raft.runtime_config().elect(true);
                 }
                 tracing::info!(
                     leader = l,
@@ -341,19 +345,9 @@ mod tests {
     #[test]
     fn only_a_member_with_nothing_beyond_the_initial_membership_holds_nothing() {
         let status = |last_log_index, snapshot_index| crate::admin::Status {
-            id: 1,
-            state: "Follower".into(),
-            serving: false,
-            term: 1,
-            leader: None,
             last_log_index,
-            last_applied_index: None,
             snapshot_index,
-            voters: Default::default(),
-            learners: Default::default(),
-            matched: Default::default(),
-            incarnation: 0,
-            repairing: false,
+            ..Default::default()
         };
         assert!(holds_nothing(&status(None, None)));
         assert!(holds_nothing(&status(Some(0), None)));

@@ -408,7 +408,10 @@ impl Cluster {
             Mode::Standalone => STANDALONE_BROKERS,
             Mode::Replicated => REPLICATED_MEMBERS,
         };
-        let rafts: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+        let rafts: Vec<SocketAddr> = match cfg.mode {
+            Mode::Replicated => (0..n).map(|_| free_addr()).collect(),
+            Mode::ExactlyOnce | Mode::Standalone => Vec::new(),
+        };
         let stomps: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
         let mut brokers = Vec::new();
         let mut proxies = Vec::new();
@@ -436,11 +439,7 @@ impl Cluster {
                 .map(|p| format!("tcp://{}", p.addr()))
                 .collect(),
             direct: brokers.iter().map(|b| b.stomp_url()).collect(),
-            rafts: if cfg.mode == Mode::Replicated {
-                rafts
-            } else {
-                Vec::new()
-            },
+            rafts,
             brokers: Arc::new(Mutex::new(brokers)),
             proxies: Arc::new(proxies),
         })
